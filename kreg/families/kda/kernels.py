@@ -1,0 +1,353 @@
+"""KDA chunkwise prefill kernels (Triton): prep (tiles), scan (recurrence) and fused (both).
+
+The chunk body factors into state-independent tiles, computed by ``_chunk_tiles``, and a serial
+state recurrence, one step of which is ``_scan_step``. The split path runs the first in
+``kda_chunk_prep_kernel`` (one program per chunk x value head) and the second in
+``kda_chunk_scan_kernel`` (one program per sequence x value head x V block); the fused path runs
+both in ``kda_chunk_fused_kernel``. Both paths call the same two functions, and the tiles cross
+memory in the same dtype the fused path rounds them to, so the paths agree bit for bit.
+
+Exponentials are base 2 on log2-scaled cumsums. docs/kda/ALGORITHM.md derives the anchoring: a
+chunk is split into sub-blocks of ``BS`` rows; inside a sub-block the pairwise decay is
+exp(Gin_i) * exp(-Gin_j) with Gin the sub-block-local cumsum (bounded by BS * |lower bound|, a spec
+rule), and across sub-blocks every factor has a non-positive exponent. The anchor of a row is the
+cumsum just before its sub-block, so no output depends on a later input, bit for bit.
+"""
+
+import triton
+import triton.language as tl
+
+from kreg.registry.interpreter import interpreting, patch_interpreter
+
+if interpreting():
+    patch_interpreter()
+
+LOG2E = 1.4426950408889634
+
+# gate activations (constexpr GATE_ACT)
+GATE_NONE = 0
+GATE_SIGMOID_BOUND = 1
+GATE_SOFTPLUS = 2
+
+
+@triton.jit
+def _rows(ptr, row0, nrows, row_stride, COLS: tl.constexpr, ROWS: tl.constexpr):
+    """Load a [ROWS, COLS] tile of consecutive token rows, zero past ``nrows``."""
+    r = tl.arange(0, ROWS)
+    c = tl.arange(0, COLS)
+    offs = (row0 + r).to(tl.int64)[:, None] * row_stride + c[None, :]
+    return tl.load(ptr + offs, mask=(r < nrows)[:, None], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _block_row(x3, blk3, i):
+    """Sub-block ``i`` of a [NB, BS, N] tile, as [BS, N] (a select, not a shared-memory slice)."""
+    return tl.sum(tl.where(blk3 == i, x3, 0.0), axis=0)
+
+
+@triton.jit
+def _chunk_tiles(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr,
+    tok0, n, h, hv, H, HV, scale, lower_bound,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
+    GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):  # fmt: skip
+    """The six state-independent tiles of one chunk, for one value head.
+
+    Returns (w, u, gq, aqk, gkt, dec) in fp32: w = -T diag(beta) (K*Gamma) (negated so the scan
+    subtracts into its accumulator), u = T diag(beta) V, gq = scale Q*Gamma, aqk (causal, scaled),
+    gkt = (K * exp(G_C - G))^T laid out [K, C] so the scan needs no transpose, dec = exp(G_C).
+    """
+    NB: tl.constexpr = C // BS
+    rows = tl.arange(0, C)
+    valid = rows < n
+
+    # --- one load of each input, activations fused -------------------------------------------
+    k = _rows(k_ptr + h * K, tok0, n, H * K, K, C)
+    q = _rows(q_ptr + h * K, tok0, n, H * K, K, C)
+    g = _rows(g_ptr + hv * K, tok0, n, HV * K, K, C)
+    v = _rows(v_ptr + hv * V, tok0, n, HV * V, V, C)
+    beta = tl.load(beta_ptr + (tok0 + rows).to(tl.int64) * HV + hv, mask=valid, other=0.0)
+    beta = beta.to(tl.float32)
+    if QK_L2:
+        k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
+        q = q * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
+    if BETA_SIG:
+        beta = tl.where(valid, tl.sigmoid(beta), 0.0)
+    if GATE_ACT != 0:
+        a = tl.exp(tl.load(alog_ptr + hv))
+        x = g + tl.load(dtb_ptr + hv * K + tl.arange(0, K))[None, :]
+        if GATE_ACT == 1:
+            g = lower_bound * tl.sigmoid(a * x)
+        else:
+            # -a * softplus(x), softplus stable for large |x|
+            g = -a * (tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x))))
+        g = tl.where(valid[:, None], g, 0.0)
+
+    # --- cumsums: sub-block local (Gin) and sub-block anchors (P) ----------------------------
+    g3 = tl.reshape(g * 1.4426950408889634, (NB, BS, K))
+    gin3 = tl.cumsum(g3, axis=1)
+    tot = tl.sum(g3, axis=1)  # [NB, K]
+    anchor = tl.cumsum(tot, axis=0) - tot  # cumsum just before each sub-block
+    g_end = tl.sum(tot, axis=0)  # G_C [K]
+    blk = tl.arange(0, NB)
+    blk3 = blk[:, None, None]
+
+    # --- one elementwise sweep: each exp2 feeds all its consumers ----------------------------
+    e_pos3 = tl.exp2(gin3)  # <= 1
+    e_neg3 = tl.exp2(-gin3)  # >= 1, bounded by the solve_block rule
+    k3 = tl.reshape(k, (NB, BS, K))
+    q3 = tl.reshape(q, (NB, BS, K))
+    kl3 = k3 * e_pos3  # K exp(Gin)
+    ql3 = q3 * e_pos3
+    kd3 = k3 * e_neg3  # K exp(-Gin)
+    e_anchor = tl.exp2(anchor)[:, None, :]  # exp(P_I), <= 1
+    kg = tl.reshape(kl3 * e_anchor, (C, K))  # K * Gamma
+    gq = tl.reshape(ql3 * e_anchor, (C, K)) * scale
+    gk = tl.reshape(kd3 * tl.exp2(g_end[None, :] - anchor)[:, None, :], (C, K))
+    dec = tl.exp2(g_end)
+
+    # --- A and Aqk: diagonal sub-blocks batched, off-diagonal by row sub-block -----------------
+    kd3t = tl.permute(kd3, (0, 2, 1))
+    a_diag = tl.dot(kl3, kd3t, input_precision=FP32_DOT)  # [NB, BS, BS]
+    qk_diag = tl.dot(ql3, kd3t, input_precision=FP32_DOT)
+    ri = tl.arange(0, BS)[None, :, None]
+    ci = tl.arange(0, BS)[None, None, :]
+    a_diag = tl.where(ri > ci, a_diag, 0.0)
+    # Aqk as row sub-blocks [NB, BS, C]; the diagonal sub-block goes to column block I.
+    colblk = (tl.arange(0, C) // BS)[None, None, :]
+    qk3 = tl.reshape(
+        tl.broadcast_to(tl.where(ri >= ci, qk_diag, 0.0)[:, :, None, :], (NB, BS, NB, BS)),
+        (NB, BS, C),
+    )
+    qk3 = tl.where(colblk == blk3, qk3, 0.0)
+    n3 = tl.zeros((NB, BS, C), dtype=tl.float32)  # strictly block-lower part of A
+    kd = tl.reshape(kd3, (C, K))
+    row_blk = (rows // BS)[:, None]
+    for i in tl.static_range(1, NB):
+        anchor_i = tl.sum(tl.where(blk[:, None] == i, anchor, 0.0), axis=0)  # P_I
+        # exp(P_I - P_J) for J < I: non-positive exponents only
+        scale_j = tl.exp2(tl.where(blk[:, None] < i, anchor_i[None, :] - anchor, 0.0))
+        scale_rows = tl.reshape(tl.broadcast_to(scale_j[:, None, :], (NB, BS, K)), (C, K))
+        kr = tl.where(row_blk < i, kd * scale_rows, 0.0)  # [C, K]
+        krt = tl.trans(kr)
+        a_i = tl.dot(_block_row(kl3, blk3, i), krt, input_precision=FP32_DOT)  # [BS, C]
+        qk_i = tl.dot(_block_row(ql3, blk3, i), krt, input_precision=FP32_DOT)
+        n3 = tl.where(blk3 == i, a_i[None, :, :], n3)
+        qk3 = tl.where(blk3 == i, qk3 + qk_i[None, :, :], qk3)
+    aqk = tl.reshape(qk3, (C, C)) * scale
+
+    # --- blocked solve T = (I + diag(beta) A)^-1 ------------------------------------------------
+    beta3 = tl.reshape(beta, (NB, BS))[:, :, None]
+    a_diag = a_diag * beta3
+    n3 = n3 * beta3
+    # diagonal blocks by forward substitution, all sub-blocks at once
+    eye = tl.where(ri == ci, 1.0, 0.0) + tl.zeros((NB, BS, BS), dtype=tl.float32)
+    td = eye
+    for r in tl.static_range(1, BS):
+        a_r = tl.sum(tl.where(ri == r, a_diag, 0.0), axis=1)  # row r of each block [NB, BS]
+        t_r = tl.sum(tl.where(ri == r, td, 0.0), axis=1) - tl.sum(a_r[:, :, None] * td, axis=1)
+        td = tl.where(ri == r, t_r[:, None, :], td)
+    # T by block rows: T_I = Td_I (E_I - N_I T), E_I the identity rows of block I
+    t3 = tl.reshape(
+        tl.broadcast_to(td[:, :, None, :], (NB, BS, NB, BS)),
+        (NB, BS, C),
+    )
+    t3 = tl.where(colblk == blk3, t3, 0.0)
+    for i in tl.static_range(1, NB):
+        t_full = tl.reshape(t3, (C, C))
+        y = tl.dot(_block_row(n3, blk3, i), t_full, input_precision=FP32_DOT)  # [BS, C]
+        td_i = _block_row(td, blk3, i)
+        t_i = _block_row(t3, blk3, i) - tl.dot(td_i, y, input_precision=FP32_DOT)
+        t3 = tl.where(blk3 == i, t_i[None, :, :], t3)
+    t = tl.reshape(t3, (C, C))
+
+    w = -tl.dot(t, kg * beta[:, None], input_precision=FP32_DOT)
+    u = tl.dot(t, v * beta[:, None], input_precision=FP32_DOT)
+    return w, u, gq, aqk, tl.trans(gk), dec
+
+
+@triton.jit
+def _scan_step(s, w, u, gq, aqk, gkt, dec):
+    """One chunk of the recurrence on a [K, BV] fp32 state; returns (next state, output [C, BV]).
+
+    Operands arrive in the tile dtype; every product accumulates in fp32, with the residual and
+    the output formed straight in the accumulator (no fp32 staging through memory).
+    """
+    sd = s.to(w.dtype)
+    v_new = tl.dot(w, sd, acc=u.to(tl.float32))  # U - W S  (w holds -W)
+    o = tl.dot(aqk, v_new.to(w.dtype), acc=tl.dot(gq, sd))
+    s = tl.dot(gkt, v_new.to(w.dtype), acc=s * dec[:, None])
+    return s, o
+
+
+@triton.jit
+def _chunk_of(pid_c, T, chunk_seq, seq_chunk, cu_seqlens, C: tl.constexpr, VARLEN: tl.constexpr):
+    """(first token, valid rows) of chunk ``pid_c`` on the flattened token axis.
+
+    Varlen grids are sized for the most chunks the packed length allows (no host sync to count
+    them); a chunk past the last one gets 0 valid rows.
+    """
+    if VARLEN:
+        seq = tl.load(chunk_seq + pid_c)
+        tok0 = tl.load(cu_seqlens + seq).to(tl.int32) + (pid_c - tl.load(seq_chunk + seq)) * C
+        end = tl.load(cu_seqlens + seq + 1).to(tl.int32)
+        return tok0, tl.minimum(end - tok0, C)
+    else:
+        nt = tl.cdiv(T, C)
+        it = pid_c % nt
+        return (pid_c // nt) * T + it * C, tl.minimum(C, T - it * C)
+
+
+@triton.jit
+def _tile_ptrs(base, cidx, hv, HV, R: tl.constexpr, S: tl.constexpr, col0=0, COLS: tl.constexpr = 0):
+    """Pointers to the [R, COLS or S] tile at column ``col0`` of (chunk, value head) in a
+    chunk-major [NC, HV, R, S] buffer."""
+    W: tl.constexpr = S if COLS == 0 else COLS
+    off = (cidx * HV + hv).to(tl.int64) * (R * S)
+    return base + off + tl.arange(0, R)[:, None] * S + col0 + tl.arange(0, W)[None, :]
+
+
+@triton.jit
+def _state_ptrs(base, idx, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, v0, STATE_VK):
+    """Pointers to the [K, BV] block at ``v0`` of state ``idx`` in a [.., K, V] or [.., V, K] buffer."""
+    kk = tl.arange(0, K)[:, None]
+    vv = v0 + tl.arange(0, BV)[None, :]
+    inner = vv * K + kk if STATE_VK else kk * V + vv
+    return base + idx.to(tl.int64) * (K * V) + inner
+
+
+@triton.jit
+def _recurrence(
+    q, k, v, g, beta, alog, dtb,
+    w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
+    o, h0, ht, hs,
+    seq_chunk, cu_seqlens,
+    T, H, HV, scale, lower_bound,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr, BV: tl.constexpr,
+    GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
+    FP32_DOT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+    STORE_HS: tl.constexpr, STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
+    FUSED: tl.constexpr, TILE_DT: tl.constexpr,
+):  # fmt: skip
+    """The serial recurrence of one (sequence, value head, V block): tiles loaded (split) or
+    computed on chip (fused, where BV == V), then the shared ``_scan_step``."""
+    pid_v = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    seq = pid_s // HV
+    hv = pid_s % HV
+    h = hv // (HV // H)
+    v0 = pid_v * BV
+    if VARLEN:
+        c0 = tl.load(seq_chunk + seq)
+        c1 = tl.load(seq_chunk + seq + 1)
+        tok_start = tl.load(cu_seqlens + seq).to(tl.int32)
+        tok_end = tl.load(cu_seqlens + seq + 1).to(tl.int32)
+    else:
+        nt = tl.cdiv(T, C)
+        c0 = seq * nt
+        c1 = c0 + nt
+        tok_start = seq * T
+        tok_end = tok_start + T
+    if USE_H0:
+        s = tl.load(_state_ptrs(h0, pid_s, K, V, BV, v0, STATE_VK)).to(tl.float32)
+    else:
+        s = tl.zeros((K, BV), dtype=tl.float32)
+    rows = tl.arange(0, C)
+    vcols = v0 + tl.arange(0, BV)
+    for c in tl.range(c0, c1):
+        if STORE_HS:
+            tl.store(_state_ptrs(hs, c * HV + hv, K, V, BV, v0, STATE_VK), s)
+        tok0 = tok_start + (c - c0) * C
+        n = tl.minimum(tok_end - tok0, C)
+        if FUSED:
+            w, u, gq, aqk, gkt, dec = _chunk_tiles(
+                q, k, v, g, beta, alog, dtb, tok0, n, h, hv, H, HV, scale, lower_bound,
+                K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
+            )  # fmt: skip
+            # the same rounding the split path's tiles get on their way through memory
+            w = w.to(TILE_DT)
+            u = u.to(TILE_DT)
+            gq = gq.to(TILE_DT)
+            aqk = aqk.to(TILE_DT)
+            gkt = gkt.to(TILE_DT)
+        else:
+            w = tl.load(_tile_ptrs(w_t, c, hv, HV, C, K))
+            u = tl.load(_tile_ptrs(u_t, c, hv, HV, C, V, v0, BV))
+            gq = tl.load(_tile_ptrs(gq_t, c, hv, HV, C, K))
+            aqk = tl.load(_tile_ptrs(aqk_t, c, hv, HV, C, C))
+            gkt = tl.load(_tile_ptrs(gkt_t, c, hv, HV, K, C))
+            dec = tl.load(dec_t + (c * HV + hv).to(tl.int64) * K + tl.arange(0, K))
+        s, out = _scan_step(s, w, u, gq, aqk, gkt, dec)
+        o_offs = (tok0 + rows).to(tl.int64)[:, None] * (HV * V) + hv * V + vcols[None, :]
+        tl.store(o + o_offs, out.to(o.dtype.element_ty), mask=(rows < n)[:, None])
+    if STORE_HT:
+        tl.store(_state_ptrs(ht, pid_s, K, V, BV, v0, STATE_VK), s.to(ht.dtype.element_ty))
+
+
+@triton.jit
+def kda_chunk_prep_kernel(
+    q, k, v, g, beta, alog, dtb,
+    w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
+    chunk_seq, seq_chunk, cu_seqlens,
+    T, H, HV, scale, lower_bound,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
+    GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
+    FP32_DOT: tl.constexpr, VARLEN: tl.constexpr,
+):  # fmt: skip
+    """Split path, first kernel: the tiles of one chunk x value head, stored chunk-major."""
+    pid_c = tl.program_id(0)
+    hv = tl.program_id(1)
+    tok0, n = _chunk_of(pid_c, T, chunk_seq, seq_chunk, cu_seqlens, C, VARLEN)
+    if n > 0:
+        w, u, gq, aqk, gkt, dec = _chunk_tiles(
+            q, k, v, g, beta, alog, dtb, tok0, n, hv // (HV // H), hv, H, HV, scale,
+            lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
+        )  # fmt: skip
+        dt = w_t.dtype.element_ty
+        tl.store(_tile_ptrs(w_t, pid_c, hv, HV, C, K), w.to(dt))
+        tl.store(_tile_ptrs(u_t, pid_c, hv, HV, C, V), u.to(dt))
+        tl.store(_tile_ptrs(gq_t, pid_c, hv, HV, C, K), gq.to(dt))
+        tl.store(_tile_ptrs(aqk_t, pid_c, hv, HV, C, C), aqk.to(dt))
+        tl.store(_tile_ptrs(gkt_t, pid_c, hv, HV, K, C), gkt.to(dt))
+        tl.store(dec_t + (pid_c * HV + hv).to(tl.int64) * K + tl.arange(0, K), dec)
+
+
+@triton.jit
+def kda_chunk_scan_kernel(
+    w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
+    o, h0, ht, hs,
+    seq_chunk, cu_seqlens,
+    T, HV,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
+    USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HS: tl.constexpr,
+    STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
+):  # fmt: skip
+    """Split path, second kernel: the recurrence over stored tiles."""
+    _recurrence(
+        None, None, None, None, None, None, None,
+        w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, o, h0, ht, hs, seq_chunk, cu_seqlens,
+        T, 1, HV, 1.0, 0.0, K, V, C, C, BV, 0, False, False, "ieee",
+        USE_H0, STORE_HT, STORE_HS, STATE_VK, VARLEN, False, w_t.dtype.element_ty,
+    )  # fmt: skip
+
+
+@triton.jit
+def kda_chunk_fused_kernel(
+    q, k, v, g, beta, alog, dtb,
+    o, h0, ht, hs,
+    seq_chunk, cu_seqlens,
+    T, H, HV, scale, lower_bound,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr, BV: tl.constexpr,
+    GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
+    FP32_DOT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+    STORE_HS: tl.constexpr, STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
+):  # fmt: skip
+    """Fused path: tiles computed on chip, chunk after chunk, inside the recurrence."""
+    _recurrence(
+        q, k, v, g, beta, alog, dtb,
+        None, None, None, None, None, None, o, h0, ht, hs, seq_chunk, cu_seqlens,
+        T, H, HV, scale, lower_bound, K, V, C, BS, BV, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
+        USE_H0, STORE_HT, STORE_HS, STATE_VK, VARLEN, True, q.dtype.element_ty,
+    )  # fmt: skip

@@ -1,0 +1,130 @@
+"""Launch the KDA kernels for a validated call: buffers, grids, chunk tables.
+
+Inputs reach this module already checked by ``api.kda_prefill``; nothing here validates.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+import triton
+
+from . import kernels
+
+_GATE_ACT = {"none": kernels.GATE_NONE, "sigmoid_bound": kernels.GATE_SIGMOID_BOUND,
+             "softplus": kernels.GATE_SOFTPLUS}  # fmt: skip
+
+
+@attrs.frozen
+class Call:
+    """Tensors of one prefill call, flattened to one token axis of B * T rows."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    scale: float
+    A_log: torch.Tensor | None
+    dt_bias: torch.Tensor | None
+    lower_bound: float
+    gate_activation: str
+    qk_l2norm: bool
+    beta_sigmoid: bool
+    initial_state: torch.Tensor | None
+    output_final_state: bool
+    output_chunk_states: bool
+    state_layout: str
+    cu_seqlens: torch.Tensor | None  # int64 [N + 1] on the device, or None
+
+
+def chunk_tables(call: Call, chunk: int):
+    """(seq_chunk [N+1] int32, chunk_seq [NC_max] int32, NC_max) built on the device: no sync.
+
+    For fixed-length batches the kernels derive chunks arithmetically and no tables are made.
+    """
+    B, T = call.q.shape[:2]
+    if call.cu_seqlens is None:
+        return None, None, B * triton.cdiv(T, chunk)
+    cu = call.cu_seqlens
+    n_chunks = torch.div(cu[1:] - cu[:-1] + chunk - 1, chunk, rounding_mode="floor")
+    seq_chunk = torch.zeros(cu.numel(), dtype=torch.int32, device=cu.device)
+    seq_chunk[1:] = torch.cumsum(n_chunks, 0)
+    nc_max = triton.cdiv(T, chunk) + cu.numel() - 1  # every sequence adds at most one part chunk
+    ids = torch.arange(nc_max, dtype=torch.int32, device=cu.device)
+    chunk_seq = torch.searchsorted(seq_chunk[1:], ids, right=True).to(torch.int32)
+    chunk_seq.clamp_(max=cu.numel() - 2)
+    return seq_chunk, chunk_seq, nc_max
+
+
+def _outputs(call: Call, n_chunks: int):
+    B, T, HV = call.v.shape[:3]
+    K, V = call.k.shape[-1], call.v.shape[-1]
+    n_states = B if call.cu_seqlens is None else call.cu_seqlens.numel() - 1
+    shape = (K, V) if call.state_layout == "kv" else (V, K)
+    dev = call.q.device
+    o = torch.empty_like(call.v)
+    ht = torch.empty((n_states, HV, *shape), dtype=torch.float32, device=dev) \
+        if call.output_final_state else None  # fmt: skip
+    hs = torch.empty((n_chunks, HV, *shape), dtype=torch.float32, device=dev) \
+        if call.output_chunk_states else None  # fmt: skip
+    return o, ht, hs
+
+
+def _common(call: Call):
+    H, K = call.q.shape[2], call.q.shape[3]
+    HV, V = call.v.shape[2], call.v.shape[3]
+    return dict(
+        T=call.q.shape[1], H=H, HV=HV, scale=call.scale, lower_bound=call.lower_bound,
+        K=K, V=V, GATE_ACT=_GATE_ACT[call.gate_activation], QK_L2=call.qk_l2norm,
+        BETA_SIG=call.beta_sigmoid,
+    )  # fmt: skip
+
+
+def _inputs(call: Call):
+    return (call.q, call.k, call.v, call.g, call.beta, call.A_log, call.dt_bias)
+
+
+def run_split(call: Call, tile, scan):
+    """Prep kernel then scan kernel. Returns (o, final_state, chunk_states)."""
+    seq_chunk, chunk_seq, nc = chunk_tables(call, tile.chunk)
+    HV, K, V, C = call.v.shape[2], call.k.shape[-1], call.v.shape[-1], tile.chunk
+    dev, dt = call.q.device, call.q.dtype
+    w = torch.empty((nc, HV, C, K), dtype=dt, device=dev)
+    gq = torch.empty_like(w)
+    u = torch.empty((nc, HV, C, V), dtype=dt, device=dev)
+    aqk = torch.empty((nc, HV, C, C), dtype=dt, device=dev)
+    gkt = torch.empty((nc, HV, K, C), dtype=dt, device=dev)
+    dec = torch.empty((nc, HV, K), dtype=torch.float32, device=dev)
+    common = _common(call)
+    kernels.kda_chunk_prep_kernel[(nc, HV)](
+        *_inputs(call), w, u, gq, aqk, gkt, dec, chunk_seq, seq_chunk, call.cu_seqlens,
+        **common, C=C, BS=tile.solve_block, FP32_DOT=tile.fp32_dot,
+        VARLEN=call.cu_seqlens is not None, num_warps=tile.num_warps, num_stages=1,
+    )  # fmt: skip
+    o, ht, hs = _outputs(call, nc)
+    n_states = call.q.shape[0] if call.cu_seqlens is None else call.cu_seqlens.numel() - 1
+    kernels.kda_chunk_scan_kernel[(V // scan.block_v, n_states * HV)](
+        w, u, gq, aqk, gkt, dec, o, call.initial_state, ht, hs, seq_chunk, call.cu_seqlens,
+        common["T"], HV, K=K, V=V, C=C, BV=scan.block_v,
+        USE_H0=call.initial_state is not None, STORE_HT=ht is not None, STORE_HS=hs is not None,
+        STATE_VK=call.state_layout == "vk", VARLEN=call.cu_seqlens is not None,
+        num_warps=scan.num_warps, num_stages=scan.num_stages,
+    )  # fmt: skip
+    return o, ht, hs
+
+
+def run_fused(call: Call, spec):
+    """The fused kernel alone. Returns (o, final_state, chunk_states)."""
+    seq_chunk, _, nc = chunk_tables(call, spec.chunk)
+    HV, V = call.v.shape[2], call.v.shape[-1]
+    o, ht, hs = _outputs(call, nc)
+    n_states = call.q.shape[0] if call.cu_seqlens is None else call.cu_seqlens.numel() - 1
+    kernels.kda_chunk_fused_kernel[(1, n_states * HV)](
+        *_inputs(call), o, call.initial_state, ht, hs, seq_chunk, call.cu_seqlens,
+        **_common(call), C=spec.chunk, BS=spec.solve_block, BV=V, FP32_DOT=spec.fp32_dot,
+        USE_H0=call.initial_state is not None, STORE_HT=ht is not None, STORE_HS=hs is not None,
+        STATE_VK=call.state_layout == "vk", VARLEN=call.cu_seqlens is not None,
+        num_warps=spec.num_warps, num_stages=1,
+    )  # fmt: skip
+    return o, ht, hs

@@ -1,0 +1,120 @@
+"""Compile a ``@triton.jit`` function for any registered target, on any machine.
+
+Builders of every family go through :func:`compile_kernel`, so artifacts, IR normalisation and
+resource reports are uniform across families.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .model import Artifact, Target
+
+IR_STAGES = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
+
+
+def compile_kernel(
+    fn,
+    signature: Mapping[str, str],
+    constexprs: Mapping[str, Any],
+    target: Target,
+    *,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> Artifact:
+    """Compile ``fn`` for ``target`` with Triton's AOT path (no device needed).
+
+    ``signature`` maps each runtime argument to a Triton type ("*bf16", "i32", "fp32", ...);
+    ``constexprs`` maps each constexpr argument to its value.
+    """
+    import triton
+    from triton.compiler import ASTSource
+
+    sig = dict(signature)
+    for name in constexprs:
+        sig[name] = "constexpr"
+    src = ASTSource(
+        fn=fn,
+        signature=sig,
+        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+    )
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    compiled = triton.compile(src, target=target.gpu_target(), options=options)
+    stages = {k: v for k, v in compiled.asm.items() if k in IR_STAGES and isinstance(v, str)}
+    binary = compiled.asm.get("cubin") or compiled.asm.get("hsaco")
+    md = compiled.metadata
+    return Artifact(
+        kernel=md.name,
+        target=target.name,
+        stages=stages,
+        shared_bytes=int(md.shared),
+        num_warps=int(md.num_warps),
+        **_resources(target, stages),
+        binary=binary if isinstance(binary, bytes) else None,
+        compiled=compiled,
+    )
+
+
+def _resources(target: Target, stages: Mapping[str, str]) -> dict[str, int | None]:
+    """Registers per thread and spilled registers, as the backend's assembler reports them."""
+    if "amdgcn" in stages:
+        text = stages["amdgcn"]
+        vgpr = re.search(r"\.vgpr_count:\s+(\d+)", text)
+        spill = re.search(r"\.vgpr_spill_count:\s+(\d+)", text)
+        return {
+            "registers": int(vgpr.group(1)) if vgpr else None,
+            "spills": int(spill.group(1)) if spill else None,
+        }
+    if "ptx" in stages:
+        return _ptxas_report(stages["ptx"], target)
+    return {"registers": None, "spills": None}
+
+
+def _ptxas_report(ptx: str, target: Target) -> dict[str, int | None]:
+    """Triton loads cubins lazily, so ask its bundled ptxas for the verbose resource line."""
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    arch = f"sm_{target.arch}a" if target.arch == 90 else f"sm_{target.arch}"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = f"{tmp}/k.ptx"
+        with open(src, "w") as f:
+            f.write(ptx)
+        run = subprocess.run(
+            [get_ptxas(target.arch).path, "-v", f"--gpu-name={arch}", src, "-o", f"{tmp}/k.cubin"],
+            capture_output=True,
+            text=True,
+        )
+    report = run.stdout + run.stderr
+    regs = re.search(r"Used (\d+) registers", report)
+    spill = re.search(r"(\d+) bytes spill stores", report)
+    return {
+        "registers": int(regs.group(1)) if regs else None,
+        "spills": int(spill.group(1)) if spill else None,
+    }
+
+
+# --- normalisation for hashing -------------------------------------------------------------
+
+_LOC_PATTERNS = (
+    re.compile(r"^#loc\d*\s*=.*$", re.M),  # MLIR location aliases
+    re.compile(r"\s*loc\((?:[^()]|\([^()]*\))*\)"),  # inline loc(...) attributes
+    re.compile(r"^\s*\.file\s+\d+\s+\".*$", re.M),  # ptx / amdgcn .file directives
+    re.compile(r"^\s*\.loc\s+.*$", re.M),  # ptx / amdgcn .loc directives
+    re.compile(r"^!\d+ = !DI.*$", re.M),  # llvm debug-info metadata
+    re.compile(r", !dbg !\d+"),  # llvm debug attachments
+    re.compile(r"^\s*(?:source_filename|!llvm\.dbg\.cu|!llvm\.module\.flags).*$", re.M),
+    re.compile(r"^\s*\.section\s+\.debug_\w+.*?(?=^\s*\.section(?!\s+\.debug)|\Z)", re.M | re.S),
+)
+
+
+def normalise_ir(text: str) -> str:
+    """Strip source locations, file paths and debug info so the hash depends on the IR alone."""
+    for pattern in _LOC_PATTERNS:
+        text = pattern.sub("", text)
+    lines = [line.rstrip() for line in text.splitlines()]
+    return "\n".join(line for line in lines if line.strip()) + "\n"
