@@ -95,17 +95,20 @@ def _chunk_tiles(
     blk3 = blk[:, None, None]
 
     # --- one elementwise sweep: each exp2 feeds all its consumers ----------------------------
-    e_pos3 = tl.exp2(gin3)  # <= 1
-    e_neg3 = tl.exp2(-gin3)  # >= 1, bounded by the solve_block rule
+    # A factor >= 1 never meets one that may flush to zero (exp2 flushes denormals): products
+    # pair a bounded >= 1 factor with a normal one, or two <= 1 factors.
+    e_pos3 = tl.exp2(gin3)  # exp(Gin) <= 1, normal while the solve_block rule holds
     k3 = tl.reshape(k, (NB, BS, K))
     q3 = tl.reshape(q, (NB, BS, K))
     kl3 = k3 * e_pos3  # K exp(Gin)
     ql3 = q3 * e_pos3
-    kd3 = k3 * e_neg3  # K exp(-Gin)
+    kd3 = k3 * tl.exp2(-gin3)  # K exp(-Gin) >= 1, bounded by the solve_block rule
+    kr3 = k3 * tl.exp2(tot[:, None, :] - gin3)  # K exp(P_next - G) <= 1, P_next: sub-block end
     e_anchor = tl.exp2(anchor)[:, None, :]  # exp(P_I), <= 1
     kg = tl.reshape(kl3 * e_anchor, (C, K))  # K * Gamma
     gq = tl.reshape(ql3 * e_anchor, (C, K)) * scale
-    gk = tl.reshape(kd3 * tl.exp2(g_end[None, :] - anchor)[:, None, :], (C, K))
+    anchor_next = anchor + tot
+    gk = tl.reshape(kr3 * tl.exp2(g_end[None, :] - anchor_next)[:, None, :], (C, K))
     dec = tl.exp2(g_end)
 
     # --- A and Aqk: diagonal sub-blocks batched, off-diagonal by row sub-block -----------------
@@ -123,15 +126,14 @@ def _chunk_tiles(
     )
     qk3 = tl.where(colblk == blk3, qk3, 0.0)
     n3 = tl.zeros((NB, BS, C), dtype=tl.float32)  # strictly block-lower part of A
-    kd = tl.reshape(kd3, (C, K))
+    kr = tl.reshape(kr3, (C, K))
     row_blk = (rows // BS)[:, None]
     for i in tl.static_range(1, NB):
         anchor_i = tl.sum(tl.where(blk[:, None] == i, anchor, 0.0), axis=0)  # P_I
-        # exp(P_I - P_J) for J < I: non-positive exponents only
-        scale_j = tl.exp2(tl.where(blk[:, None] < i, anchor_i[None, :] - anchor, 0.0))
+        # exp(P_I - P_next(J)) for J < I: non-positive exponents only
+        scale_j = tl.exp2(tl.where(blk[:, None] < i, anchor_i[None, :] - anchor_next, 0.0))
         scale_rows = tl.reshape(tl.broadcast_to(scale_j[:, None, :], (NB, BS, K)), (C, K))
-        kr = tl.where(row_blk < i, kd * scale_rows, 0.0)  # [C, K]
-        krt = tl.trans(kr)
+        krt = tl.trans(tl.where(row_blk < i, kr * scale_rows, 0.0))  # [K, C]
         a_i = tl.dot(_block_row(kl3, blk3, i), krt, input_precision=FP32_DOT)  # [BS, C]
         qk_i = tl.dot(_block_row(ql3, blk3, i), krt, input_precision=FP32_DOT)
         n3 = tl.where(blk3 == i, a_i[None, :, :], n3)

@@ -36,6 +36,7 @@ class Call:
     output_chunk_states: bool
     state_layout: str
     cu_seqlens: torch.Tensor | None  # int64 [N + 1] on the device, or None
+    cu_seqlens_host: torch.Tensor | None = None  # its validated CPU copy
 
 
 def chunk_tables(call: Call, chunk: int):
@@ -116,15 +117,16 @@ def run_split(call: Call, tile, scan):
 
 def run_fused(call: Call, spec):
     """The fused kernel alone. Returns (o, final_state, chunk_states)."""
-    seq_chunk, _, nc = chunk_tables(call, spec.chunk)
+    tile = spec.tile
+    seq_chunk, _, nc = chunk_tables(call, tile.chunk)
     HV, V = call.v.shape[2], call.v.shape[-1]
     o, ht, hs = _outputs(call, nc)
     n_states = call.q.shape[0] if call.cu_seqlens is None else call.cu_seqlens.numel() - 1
     kernels.kda_chunk_fused_kernel[(1, n_states * HV)](
         *_inputs(call), o, call.initial_state, ht, hs, seq_chunk, call.cu_seqlens,
-        **_common(call), C=spec.chunk, BS=spec.solve_block, BV=V, FP32_DOT=spec.fp32_dot,
+        **_common(call), C=tile.chunk, BS=tile.solve_block, BV=V, FP32_DOT=tile.fp32_dot,
         USE_H0=call.initial_state is not None, STORE_HT=ht is not None, STORE_HS=hs is not None,
         STATE_VK=call.state_layout == "vk", VARLEN=call.cu_seqlens is not None,
-        num_warps=spec.num_warps, num_stages=1,
+        num_warps=tile.num_warps, num_stages=1,
     )  # fmt: skip
     return o, ht, hs

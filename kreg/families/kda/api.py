@@ -1,0 +1,261 @@
+"""``kda_prefill``: the public entry point of the KDA family.
+
+Every argument is checked before any kernel launch; a bad one raises ``ValueError`` naming it.
+CUDA tensors run the compiled kernels; CPU tensors run the same kernels under the Triton
+interpreter (``TRITON_INTERPRET=1`` must be set before kreg is imported).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kreg.dispatch import select
+from kreg.problems import LinearAttentionProblem
+from kreg.registry.interpreter import interpreting
+
+from . import launch
+from .specs import HEAD_DIMS
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+_STATE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+
+
+def kda_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    gate_lower_bound: float | None = -5.0,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    gate_activation: str = "none",
+    use_qk_l2norm: bool = False,
+    use_beta_sigmoid: bool = False,
+    state_layout: str = "kv",
+    output_chunk_states: bool = False,
+    algorithm: str = "auto",
+    allow_opt_in: bool = False,
+    target=None,
+):
+    """Chunkwise KDA prefill. Returns ``(o, final_state)``, or ``(o, final_state, chunk_states)``
+    with ``output_chunk_states``.
+
+    Layouts (as the public peers): q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; g ``[B, T, HV, K]``
+    (log-decay, or the raw gate input with ``gate_activation``); beta ``[B, T, HV]``; states
+    ``[B or N, HV, K, V]`` fp32 (``[.., V, K]`` with ``state_layout="vk"``; the initial state may
+    be bf16). HV is a multiple of H: value head hv reads qk head ``hv // (HV // H)``.
+
+    ``gate_lower_bound``: a bound every per-step log-decay respects (natural log), or None for
+    unbounded gates; with ``gate_activation="sigmoid_bound"`` it is the activation's bound.
+    ``gate_activation``: "none" (g is the log-decay), "sigmoid_bound"
+    (``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``) or "softplus"
+    (``-exp(A_log) * softplus(g + dt_bias)``), computed inside the prep kernel.
+    ``cu_seqlens``: int64 ``[N + 1]`` sequence offsets of a packed batch (B == 1). Pass a CPU
+    tensor (or ``cu_seqlens_cpu`` beside a device one) and the call never synchronises with the
+    device; a device tensor alone is validated with one device-to-host copy.
+    ``output_chunk_states``: also return the state at the start of every chunk,
+    ``[total chunks, HV, K, V]`` fp32, chunks in sequence order (for prefix caching).
+    """
+    problem, call = _prepare(
+        q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound,
+        cu_seqlens, cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm,
+        use_beta_sigmoid, state_layout, output_chunk_states,
+    )  # fmt: skip
+    selection = select(problem, target=_target(q, target), algorithm=algorithm,
+                       allow_opt_in=allow_opt_in)  # fmt: skip
+    return run_selection(selection, call, problem)
+
+
+def run_selection(selection, call: launch.Call, problem: LinearAttentionProblem):
+    """Launch the selected candidate's kernels on prepared tensors."""
+    spec = selection.spec
+    if selection.candidate.name == "kda.fused":
+        o, ht, hs = launch.run_fused(call, spec)
+    else:
+        o, ht, hs = launch.run_split(call, spec.tile, spec.scan)
+    if not problem.output_chunk_states:
+        return o, ht
+    return o, ht, hs[: _total_chunks(call, spec.tile.chunk)]
+
+
+def _total_chunks(call: launch.Call, chunk: int) -> int:
+    if call.cu_seqlens is None:
+        return call.q.shape[0] * -(-call.q.shape[1] // chunk)
+    lens = call.cu_seqlens_host[1:] - call.cu_seqlens_host[:-1]
+    return int(((lens + chunk - 1) // chunk).sum())
+
+
+def _target(q: torch.Tensor, target):
+    from kreg.registry import get_registry
+    from kreg.registry.targets import detect
+
+    registry = get_registry()
+    if target is not None:
+        if isinstance(target, str):
+            if target not in registry.targets:
+                raise ValueError(f"target: unknown {target!r}; known: {sorted(registry.targets)}")
+            return registry.targets[target]
+        return target
+    if q.device.type == "cpu":
+        return registry.targets["sm90"]  # interpreter runs: select with sm90's rules
+    found = detect()
+    if found is None:
+        raise ValueError(f"target: no registered target matches the device of q ({q.device})")
+    return found
+
+
+def _fail(name: str, message: str):
+    raise ValueError(f"{name}: {message}")
+
+
+def _check_tensor(name, x, shape, dtypes, device):
+    if not isinstance(x, torch.Tensor):
+        _fail(name, f"expected a torch.Tensor, got {type(x).__name__}")
+    if tuple(x.shape) != tuple(shape):
+        _fail(name, f"expected shape {tuple(shape)}, got {tuple(x.shape)}")
+    if x.dtype not in dtypes:
+        _fail(name, f"dtype {x.dtype} not supported here (allowed: {', '.join(map(str, dtypes))})")
+    if x.device != device:
+        _fail(name, f"on {x.device}, but q is on {device}")
+    if not x.is_contiguous():
+        _fail(name, "must be contiguous (call .contiguous())")
+
+
+def _prepare(
+    q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound, cu_seqlens,
+    cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm, use_beta_sigmoid,
+    state_layout, output_chunk_states,
+):  # fmt: skip
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        _fail("q", "expected a 4-d torch.Tensor [B, T, H, K]")
+    if q.dtype not in _DTYPES:
+        _fail("q", f"dtype {q.dtype} not supported (bf16, fp16, fp32)")
+    device = q.device
+    if device.type == "cpu":
+        if not interpreting():
+            _fail("q", "CPU tensors run under the Triton interpreter: set TRITON_INTERPRET=1 "
+                       "before importing kreg, or pass CUDA tensors")  # fmt: skip
+        if q.dtype == torch.bfloat16:
+            _fail("q", "bf16 on CPU: the Triton interpreter computes bf16 dot products wrongly; "
+                       "use fp16 or fp32 on CPU")  # fmt: skip
+    elif device.type != "cuda":
+        _fail("q", f"device {device} not supported (cuda, or cpu under the interpreter)")
+    B, T, H, K = q.shape
+    if T == 0:
+        _fail("q", "sequence length T must be positive")
+    if not isinstance(v, torch.Tensor) or v.dim() != 4:
+        _fail("v", "expected a 4-d torch.Tensor [B, T, HV, V]")
+    HV, V = v.shape[2], v.shape[3]
+    if HV % H:
+        _fail("v", f"value heads HV={HV} must be a multiple of qk heads H={H}")
+    for name, dim in (("q", K), ("v", V)):
+        if dim not in HEAD_DIMS:
+            _fail(name, f"head dim {dim} not supported (supported: {HEAD_DIMS})")
+    act_dtypes = (q.dtype,)
+    _check_tensor("q", q, (B, T, H, K), act_dtypes, device)
+    _check_tensor("k", k, (B, T, H, K), act_dtypes, device)
+    _check_tensor("v", v, (B, T, HV, V), act_dtypes, device)
+    _check_tensor("g", g, (B, T, HV, K), (q.dtype, torch.float32), device)
+    _check_tensor("beta", beta, (B, T, HV), (q.dtype, torch.float32), device)
+
+    if scale is None:
+        scale = K**-0.5
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        _fail("scale", f"must be a finite number, got {scale!r}")
+    if gate_activation not in ("none", "sigmoid_bound", "softplus"):
+        _fail("gate_activation", f"must be 'none', 'sigmoid_bound' or 'softplus', got "
+                                 f"{gate_activation!r}")  # fmt: skip
+    if gate_activation == "softplus" and gate_lower_bound is not None:
+        _fail("gate_lower_bound", "must be None with gate_activation='softplus' (unbounded)")
+    if gate_lower_bound is not None and (
+        isinstance(gate_lower_bound, bool) or not isinstance(gate_lower_bound, (int, float))
+        or not math.isfinite(gate_lower_bound) or gate_lower_bound >= 0
+    ):  # fmt: skip
+        _fail("gate_lower_bound", f"must be a finite negative number or None, got "
+                                  f"{gate_lower_bound!r}")  # fmt: skip
+    if gate_activation == "none" and (A_log is not None or dt_bias is not None):
+        _fail("A_log" if A_log is not None else "dt_bias",
+              "only used with gate_activation 'sigmoid_bound' or 'softplus'")  # fmt: skip
+    if gate_activation != "none":
+        # an absent A_log means a factor exp(0) = 1, an absent dt_bias a zero bias
+        A_log = _gate_param("A_log", A_log, (HV,), device)
+        dt_bias = _gate_param("dt_bias", dt_bias, (HV * K,), device)
+    for name, flag in (("output_final_state", output_final_state),
+                       ("use_qk_l2norm", use_qk_l2norm), ("use_beta_sigmoid", use_beta_sigmoid),
+                       ("output_chunk_states", output_chunk_states)):  # fmt: skip
+        if not isinstance(flag, bool):
+            _fail(name, f"must be a bool, got {flag!r}")
+    if state_layout not in ("kv", "vk"):
+        _fail("state_layout", f"must be 'kv' or 'vk', got {state_layout!r}")
+
+    cu_host, cu_dev = _check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, T, device)
+    n_seqs = B if cu_dev is None else cu_dev.numel() - 1
+    state_shape = (n_seqs, HV, K, V) if state_layout == "kv" else (n_seqs, HV, V, K)
+    state_dtype = "fp32"
+    if initial_state is not None:
+        _check_tensor("initial_state", initial_state, state_shape, tuple(_STATE_DTYPES), device)
+        state_dtype = _STATE_DTYPES[initial_state.dtype]
+
+    problem = LinearAttentionProblem(
+        batch=B, seq_len=T, heads_qk=H, heads_v=HV, head_dim_k=K, head_dim_v=V,
+        dtype=_DTYPES[q.dtype], gate_lower_bound=gate_lower_bound,
+        gate_activation=gate_activation, qk_l2norm=use_qk_l2norm,
+        beta_sigmoid=use_beta_sigmoid, initial_state=initial_state is not None,
+        state_dtype=state_dtype, output_final_state=output_final_state,
+        state_layout=state_layout, output_chunk_states=output_chunk_states,
+        varlen=cu_dev is not None, num_seqs=n_seqs,
+    )  # fmt: skip
+    call = launch.Call(
+        q=q, k=k, v=v, g=g, beta=beta, scale=float(scale), A_log=A_log, dt_bias=dt_bias,
+        lower_bound=float(gate_lower_bound or 0.0), gate_activation=gate_activation,
+        qk_l2norm=use_qk_l2norm, beta_sigmoid=use_beta_sigmoid, initial_state=initial_state,
+        output_final_state=output_final_state, output_chunk_states=output_chunk_states,
+        state_layout=state_layout, cu_seqlens=cu_dev, cu_seqlens_host=cu_host,
+    )  # fmt: skip
+    return problem, call
+
+
+def _gate_param(name, x, shape, device):
+    if x is None:
+        return torch.zeros(shape, dtype=torch.float32, device=device)
+    _check_tensor(name, x, shape, (torch.float32,), device)
+    return x
+
+
+def _check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, T, device):
+    """Validate offsets on a host copy; return (host copy, device tensor) or (None, None)."""
+    if cu_seqlens is None:
+        if cu_seqlens_cpu is not None:
+            _fail("cu_seqlens_cpu", "given without cu_seqlens")
+        return None, None
+    for name, x in (("cu_seqlens", cu_seqlens), ("cu_seqlens_cpu", cu_seqlens_cpu)):
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor) or x.dim() != 1 or x.numel() < 2:
+            _fail(name, "expected a 1-d tensor [N + 1] with N >= 1")
+        if x.dtype != torch.int64:
+            _fail(name, f"dtype must be torch.int64, got {x.dtype}")
+    if B != 1:
+        _fail("cu_seqlens", f"packed sequences need batch size B == 1, got B={B}")
+    if cu_seqlens.device not in (device, torch.device("cpu")):
+        _fail("cu_seqlens", f"on {cu_seqlens.device}, expected {device} or cpu")
+    host = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens.cpu()
+    if host.shape != cu_seqlens.shape:
+        _fail("cu_seqlens_cpu", f"shape {tuple(host.shape)} differs from cu_seqlens")
+    if int(host[0]) != 0:
+        _fail("cu_seqlens", f"must start at 0, starts at {int(host[0])}")
+    if bool((host[1:] < host[:-1]).any()):
+        _fail("cu_seqlens", "must be non-decreasing")
+    if int(host[-1]) != T:
+        _fail("cu_seqlens", f"must end at T={T} (the packed length), ends at {int(host[-1])}")
+    dev = cu_seqlens.to(device, non_blocking=True) if cu_seqlens.device != device else cu_seqlens
+    return host, dev

@@ -1,0 +1,82 @@
+"""Builders: compile each KDA kernel of a spec for any registered target (no device needed)."""
+
+from __future__ import annotations
+
+import functools
+
+from kreg.registry.compile import compile_kernel
+from kreg.registry.model import Artifact, Target
+
+from . import kernels
+from .specs import KdaChunkFusedSpec, KdaScanSpec, KdaTileSpec
+
+_GATE_ACT = {
+    "none": kernels.GATE_NONE,
+    "sigmoid_bound": kernels.GATE_SIGMOID_BOUND,
+    "softplus": kernels.GATE_SOFTPLUS,
+}
+_SCALARS = {"T": "i32", "H": "i32", "HV": "i32", "scale": "fp32", "lower_bound": "fp32"}
+_TABLES = {"chunk_seq": "*i32", "seq_chunk": "*i32", "cu_seqlens": "*i64"}
+
+
+def _inputs(dtype: str) -> dict[str, str]:
+    return {n: f"*{dtype}" for n in ("q", "k", "v", "g", "beta")} | {"alog": "*fp32", "dtb": "*fp32"}
+
+
+def _tiles(dtype: str) -> dict[str, str]:
+    names = ("w_t", "u_t", "gq_t", "aqk_t", "gkt_t")
+    return {n: f"*{dtype}" for n in names} | {"dec_t": "*fp32"}
+
+
+def _states(spec: KdaScanSpec) -> dict[str, str]:
+    return {"o": f"*{spec.dtype}", "h0": f"*{spec.state_dtype}", "ht": "*fp32", "hs": "*fp32"}
+
+
+def _tile_constexprs(spec: KdaTileSpec) -> dict:
+    return dict(
+        K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, BS=spec.solve_block,
+        GATE_ACT=_GATE_ACT[spec.gate_activation], QK_L2=spec.qk_l2norm,
+        BETA_SIG=spec.beta_sigmoid, FP32_DOT=spec.fp32_dot,
+    )  # fmt: skip
+
+
+def _scan_constexprs(spec: KdaScanSpec, block_v: int) -> dict:
+    return dict(
+        BV=block_v, USE_H0=spec.initial_state, STORE_HT=spec.output_final_state,
+        STORE_HS=spec.output_chunk_states, STATE_VK=spec.state_layout == "vk",
+        VARLEN=spec.varlen,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=None)
+def build_kda_chunk_prep(spec: KdaTileSpec, target: Target) -> Artifact:
+    signature = _inputs(spec.dtype) | _tiles(spec.dtype) | _TABLES | _SCALARS
+    constexprs = _tile_constexprs(spec) | {"VARLEN": spec.varlen}
+    return compile_kernel(
+        kernels.kda_chunk_prep_kernel, signature, constexprs, target,
+        num_warps=spec.num_warps, num_stages=1,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=None)
+def build_kda_chunk_scan(spec: KdaScanSpec, target: Target) -> Artifact:
+    signature = _tiles(spec.dtype) | _states(spec)
+    signature |= {"seq_chunk": "*i32", "cu_seqlens": "*i64", "T": "i32", "HV": "i32"}
+    constexprs = dict(K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk)
+    constexprs |= _scan_constexprs(spec, spec.block_v)
+    return compile_kernel(
+        kernels.kda_chunk_scan_kernel, signature, constexprs, target,
+        num_warps=spec.num_warps, num_stages=spec.num_stages,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=None)
+def build_kda_chunk_fused(spec: KdaChunkFusedSpec, target: Target) -> Artifact:
+    tile, scan = spec.tile, spec.scan
+    signature = _inputs(tile.dtype) | _states(scan)
+    signature |= {"seq_chunk": "*i32", "cu_seqlens": "*i64"} | _SCALARS
+    constexprs = _tile_constexprs(tile) | _scan_constexprs(scan, scan.block_v)
+    return compile_kernel(
+        kernels.kda_chunk_fused_kernel, signature, constexprs, target,
+        num_warps=tile.num_warps, num_stages=1,
+    )  # fmt: skip

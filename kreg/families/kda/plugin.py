@@ -1,0 +1,96 @@
+"""The KDA family's registration: candidates ``kda.split`` (default) and ``kda.fused`` (opt-in)."""
+
+from __future__ import annotations
+
+from kreg.problems import LinearAttentionProblem
+from kreg.registry.hookspecs import hookimpl
+from kreg.registry.model import Candidate, Family, Verdict
+
+from . import specs
+from .builders import build_kda_chunk_fused, build_kda_chunk_prep, build_kda_chunk_scan
+
+ABI_VERSION = 1
+
+FUSED_OPT_IN_REASON = (
+    "measured slower than split: holding the tile builder's operands and the scan's live at once "
+    "leaves one program per compute unit, and the latency-bound scan has no second program to "
+    "hide its chain (seed PR, gfx950; H200 figures in docs/kda/CASE_STUDY.md)"
+)
+
+
+def accepts(problem: LinearAttentionProblem) -> Verdict:
+    return Verdict.check(
+        (problem.gate == "per_channel",
+         f"gate={problem.gate!r}: KDA gates are per-channel (broadcast a scalar gate over K)"),
+    )  # fmt: skip
+
+
+def _programs(problem: LinearAttentionProblem, block_v: int) -> int:
+    return problem.num_seqs * problem.heads_v * (problem.head_dim_v // block_v)
+
+
+def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target) -> float:
+    """Heuristic: serial chunk steps per program, times the waves of scan programs.
+
+    Larger chunks shorten the chain; narrower V blocks add programs until the units are full.
+    """
+    tokens = problem.seq_len * problem.batch / problem.num_seqs
+    waves = -(-_programs(problem, spec.scan.block_v) // (target.compute_units * 2))
+    steps = -(-tokens // spec.tile.chunk)
+    width = spec.scan.block_v / problem.head_dim_v
+    return waves * steps * (1.0 + width) + 0.01 * spec.tile.num_warps
+
+
+def fused_cost(spec: specs.KdaChunkFusedSpec, problem: LinearAttentionProblem, target) -> float:
+    tokens = problem.seq_len * problem.batch / problem.num_seqs
+    return -(-tokens // spec.tile.chunk) + 0.01 * spec.tile.num_warps
+
+
+SPLIT = Candidate(
+    name="kda.split",
+    family="kda",
+    problem_type=LinearAttentionProblem,
+    spec_types=(specs.KdaTileSpec, specs.KdaScanSpec),
+    enumerate_specs=specs.enumerate_split_specs,
+    is_valid=specs.is_valid_split_spec,
+    builders={
+        "prep": lambda spec, target: build_kda_chunk_prep(spec.tile, target),
+        "scan": lambda spec, target: build_kda_chunk_scan(spec.scan, target),
+    },
+    accepts=accepts,
+    specialize=specs.specialize_split,
+    cost=split_cost,
+    priority=10,
+    description="prep kernel (tiles, one program per chunk) + scan kernel (recurrence)",
+)
+
+FUSED = Candidate(
+    name="kda.fused",
+    family="kda",
+    problem_type=LinearAttentionProblem,
+    spec_types=(specs.KdaChunkFusedSpec,),
+    enumerate_specs=specs.enumerate_fused_specs,
+    is_valid=specs.is_valid_fused_spec,
+    builders={"fused": build_kda_chunk_fused},
+    accepts=accepts,
+    specialize=specs.specialize_fused,
+    cost=fused_cost,
+    priority=5,
+    opt_in=True,
+    opt_in_reason=FUSED_OPT_IN_REASON,
+    description="tiles and recurrence in one kernel, one program per (sequence, value head)",
+)
+
+FAMILY = Family(
+    name="kda",
+    problem_type=LinearAttentionProblem,
+    candidates=(SPLIT, FUSED),
+    abi_version=ABI_VERSION,
+    description="Kimi Delta Attention: chunkwise gated delta-rule linear attention prefill",
+    docs="docs/families/kda.md",
+)
+
+
+@hookimpl
+def kreg_register_families(register):
+    register(FAMILY)

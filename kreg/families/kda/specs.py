@@ -1,0 +1,300 @@
+"""KDA specs (compile-time configurations), their enumeration per target and validity rules.
+
+Named as in the seed: ``KdaTileSpec`` (prep kernel), ``KdaScanSpec`` (scan kernel) and
+``KdaChunkFusedSpec`` (both in one kernel). Problem-fixed fields (head dims, dtype, options) are
+filled from the problem by ``specialize``; the enumeration varies the tuning fields.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from kreg.registry.model import Target, Verdict
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+# fp32 exp overflows past 88.72 nats; the kernels keep a margin below it.
+MAX_ANCHOR_NATS = 85.0
+HEAD_DIMS = (32, 64, 128, 256)
+CHUNKS = (16, 32, 64)
+SOLVE_BLOCKS = (16, 32)
+# (chunk, solve_block, num_warps) of the prep kernel worth enumerating
+TILE_SHAPES = ((16, 16, 4), (32, 16, 4), (32, 32, 4), (64, 16, 4), (64, 16, 8), (64, 32, 8))
+FP32_DOT_BY_BACKEND = {"cuda": ("tf32", "tf32x3", "ieee"), "hip": ("ieee",)}
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@attrs.frozen
+class KdaTileSpec:
+    """Prep kernel: the six state-independent tiles of one chunk per program."""
+
+    head_dim_k: int = 128
+    head_dim_v: int = 128
+    dtype: str = "bf16"
+    chunk: int = 64
+    # Sub-block of the blocked solve, and the span of one exponent anchor.
+    solve_block: int = 16
+    num_warps: int = 4
+    # Precision of the fp32 products (A, Aqk, the solve, W and U); "tf32" is cuda-only.
+    fp32_dot: str = "ieee"
+    gate_activation: str = "none"
+    qk_l2norm: bool = False
+    beta_sigmoid: bool = False
+    varlen: bool = False
+
+    def shared_bytes_estimate(self) -> int:
+        """Upper bound of the shared memory Triton allocates for this kernel."""
+        return _tile_phase_bytes(self)
+
+
+@attrs.frozen
+class KdaScanSpec:
+    """Scan kernel: the serial recurrence, one program per (sequence, value head, V block)."""
+
+    head_dim_k: int = 128
+    head_dim_v: int = 128
+    dtype: str = "bf16"
+    chunk: int = 64
+    block_v: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    # Programs that must fit on one SM / CU at once: the seed's measured conclusion is that the
+    # latency-bound recurrence needs a second resident program to hide its dependency chain.
+    min_occupancy: int = 2
+    initial_state: bool = False
+    state_dtype: str = "fp32"
+    output_final_state: bool = False
+    output_chunk_states: bool = False
+    state_layout: str = "kv"
+    varlen: bool = False
+
+    def shared_bytes_estimate(self) -> int:
+        return _scan_phase_bytes(self, self.block_v, self.num_stages)
+
+
+@attrs.frozen
+class KdaChunkFusedSpec:
+    """Fused kernel: tiles computed on chip inside the recurrence, one program per (seq, head).
+
+    It reuses the tile and scan specs it fuses (one kernel, so one ``num_warps``: the tile
+    spec's), which is what pairs a fused spec with the split spec it must equal bit for bit.
+    """
+
+    tile: KdaTileSpec = KdaTileSpec()
+    scan: KdaScanSpec = KdaScanSpec(block_v=128)
+
+    def shared_bytes_estimate(self) -> int:
+        return max(_tile_phase_bytes(self.tile), _scan_phase_bytes(self.scan, self.scan.block_v, 1))
+
+
+@attrs.frozen
+class KdaSplitSpec:
+    """The split path's pair: prep kernel spec and scan kernel spec."""
+
+    tile: KdaTileSpec = KdaTileSpec()
+    scan: KdaScanSpec = KdaScanSpec()
+
+
+# --- footprint estimates -----------------------------------------------------------------------
+# Triton stages dot operands and layout conversions through shared memory; the estimates count
+# every operand tile of the largest phase once in fp32 (conversions) plus its dot operands,
+# calibrated against compiled kernels by tests/test_kda_specs.py (never below the real size).
+
+
+def _tile_phase_bytes(s: KdaTileSpec) -> int:
+    c, k, v = s.chunk, s.head_dim_k, s.head_dim_v
+    return 4 * (2 * c * k + c * c + c * max(k, v))
+
+
+def _scan_phase_bytes(s: KdaScanSpec, bv: int, stages: int) -> int:
+    c, k = s.chunk, s.head_dim_k
+    esize = DTYPE_BYTES[s.dtype]
+    operands = esize * (3 * c * k + c * c + c * bv + k * bv)
+    return stages * operands + 4 * c * bv
+
+
+# --- enumeration ---------------------------------------------------------------------------------
+
+
+def enumerate_tile_specs(target: Target) -> list[KdaTileSpec]:
+    return [
+        KdaTileSpec(
+            head_dim_k=d, head_dim_v=d, chunk=c, solve_block=b, num_warps=w,
+            fp32_dot=FP32_DOT_BY_BACKEND[target.backend][0],
+        )  # fmt: skip
+        for d in HEAD_DIMS
+        for c, b, w in TILE_SHAPES
+    ]
+
+
+def enumerate_scan_specs(target: Target) -> list[KdaScanSpec]:
+    return [
+        KdaScanSpec(head_dim_k=d, head_dim_v=d, chunk=c, block_v=bv)
+        for d in HEAD_DIMS
+        for c in CHUNKS
+        for bv in sorted({min(64, d), d})
+    ]
+
+
+def enumerate_split_specs(target: Target) -> list[KdaSplitSpec]:
+    """Each tile spec with each scan spec of the same shape."""
+    scans = enumerate_scan_specs(target)
+    return [
+        KdaSplitSpec(t, s)
+        for t in enumerate_tile_specs(target)
+        for s in scans
+        if (s.head_dim_k, s.chunk) == (t.head_dim_k, t.chunk)
+    ]
+
+
+def enumerate_fused_specs(target: Target) -> list[KdaChunkFusedSpec]:
+    return [
+        KdaChunkFusedSpec(t, KdaScanSpec(t.head_dim_k, t.head_dim_v, t.dtype, t.chunk,
+                                         block_v=t.head_dim_v, num_warps=t.num_warps))
+        for t in enumerate_tile_specs(target)
+    ]  # fmt: skip
+
+
+# --- rules ---------------------------------------------------------------------------------------
+
+
+def _shape_rules(head_dim_k: int, head_dim_v: int, chunk: int, dtype: str) -> Verdict:
+    return Verdict.check(
+        (head_dim_k in HEAD_DIMS, f"head_dim_k={head_dim_k} not in supported {HEAD_DIMS}"),
+        (head_dim_v in HEAD_DIMS, f"head_dim_v={head_dim_v} not in supported {HEAD_DIMS}"),
+        (chunk in CHUNKS, f"chunk={chunk} not in {CHUNKS}"),
+        (dtype in DTYPE_BYTES, f"dtype={dtype!r} not in {tuple(DTYPE_BYTES)}"),
+    )
+
+
+def numeric_rule(solve_block: int, lower_bound: float | None) -> Verdict:
+    """The anchored exponent inside a sub-block spans up to solve_block * |lower_bound| nats."""
+    if lower_bound is None:
+        return Verdict((
+            "unbounded gates: exp(-Gin) inside a sub-block has no bound for any solve_block; "
+            "needs a path that keeps every exponent non-positive",
+        ))  # fmt: skip
+    span = solve_block * abs(lower_bound)
+    return Verdict.check((
+        span <= MAX_ANCHOR_NATS,
+        f"solve_block={solve_block} at gate lower bound {lower_bound:g} spans {span:g} nats "
+        f"> {MAX_ANCHOR_NATS:g} (fp32 exp overflows past 88.7)",
+    ))  # fmt: skip
+
+
+def is_valid_tile_spec(spec: KdaTileSpec, target: Target, problem=None) -> Verdict:
+    est = spec.shared_bytes_estimate()
+    v = _shape_rules(spec.head_dim_k, spec.head_dim_v, spec.chunk, spec.dtype) & Verdict.check(
+        (spec.solve_block in SOLVE_BLOCKS, f"solve_block={spec.solve_block} not in {SOLVE_BLOCKS}"),
+        (spec.solve_block <= spec.chunk and spec.chunk % spec.solve_block == 0,
+         f"solve_block={spec.solve_block} must divide chunk={spec.chunk}"),
+        (spec.num_warps in (1, 2, 4, 8, 16), f"num_warps={spec.num_warps} not a power of 2 <= 16"),
+        (spec.fp32_dot in FP32_DOT_BY_BACKEND[target.backend],
+         f"fp32_dot={spec.fp32_dot!r} not available on {target.name} "
+         f"(allowed: {FP32_DOT_BY_BACKEND[target.backend]})"),
+        (est <= target.shared_mem_per_block,
+         f"shared memory estimate {est} B > {target.shared_mem_per_block} B per block on "
+         f"{target.name}"),
+    )  # fmt: skip
+    if problem is not None:
+        v = v & numeric_rule(spec.solve_block, problem.gate_lower_bound)
+    return v
+
+
+def is_valid_scan_spec(spec: KdaScanSpec, target: Target, problem=None) -> Verdict:
+    est = spec.shared_bytes_estimate()
+    budget = target.shared_mem_per_unit // max(1, spec.min_occupancy)
+    return _shape_rules(spec.head_dim_k, spec.head_dim_v, spec.chunk, spec.dtype) & Verdict.check(
+        (_pow2(spec.block_v) and 16 <= spec.block_v <= spec.head_dim_v
+         and spec.head_dim_v % spec.block_v == 0,
+         f"block_v={spec.block_v} must be a power of 2 in [16, head_dim_v={spec.head_dim_v}]"),
+        (spec.num_warps in (1, 2, 4, 8, 16), f"num_warps={spec.num_warps} not a power of 2 <= 16"),
+        (spec.num_stages >= 1, f"num_stages={spec.num_stages} must be >= 1"),
+        (spec.min_occupancy >= 1, f"min_occupancy={spec.min_occupancy} must be >= 1"),
+        (spec.state_layout in ("kv", "vk"), f"state_layout={spec.state_layout!r} not kv or vk"),
+        (spec.state_dtype in ("fp32", "bf16"), f"state_dtype={spec.state_dtype!r} not fp32/bf16"),
+        (est <= budget,
+         f"shared memory estimate {est} B > {budget} B, the {target.name} per-unit budget "
+         f"{target.shared_mem_per_unit} B / min_occupancy {spec.min_occupancy}: fits the hardware "
+         f"but leaves the latency-bound scan one program per unit"),
+    )  # fmt: skip
+
+
+def is_valid_split_spec(spec: KdaSplitSpec, target: Target, problem=None) -> Verdict:
+    t, s = spec.tile, spec.scan
+    return (
+        is_valid_tile_spec(t, target, problem)
+        & is_valid_scan_spec(s, target, problem)
+        & _pairing_rule(t, s)
+    )
+
+
+def is_valid_fused_spec(spec: KdaChunkFusedSpec, target: Target, problem=None) -> Verdict:
+    t, s = spec.tile, spec.scan
+    est = spec.shared_bytes_estimate()
+    # The fused kernel keeps the whole V width per program (its tiles are computed once per
+    # program), and runs with the tile spec's warps; the occupancy bound of the scan applies
+    # to the kernel that runs it.
+    budget = target.shared_mem_per_unit // max(1, s.min_occupancy)
+    return (
+        is_valid_tile_spec(t, target, problem)
+        & _pairing_rule(t, s)
+        & Verdict.check(
+            (s.block_v == s.head_dim_v,
+             f"fused block_v={s.block_v} must equal head_dim_v={s.head_dim_v}"),
+            (s.num_warps == t.num_warps,
+             f"fused runs one kernel: scan num_warps={s.num_warps} must equal tile "
+             f"num_warps={t.num_warps}"),
+            (est <= budget,
+             f"shared memory estimate {est} B > {budget} B ({target.name} per-unit budget / "
+             f"min_occupancy {s.min_occupancy})"),
+        )  # fmt: skip
+    )
+
+
+def _pairing_rule(t: KdaTileSpec, s: KdaScanSpec) -> Verdict:
+    return Verdict.check(
+        ((t.head_dim_k, t.head_dim_v, t.dtype, t.chunk, t.varlen)
+         == (s.head_dim_k, s.head_dim_v, s.dtype, s.chunk, s.varlen),
+         "tile and scan specs disagree on head dims, dtype, chunk or varlen"),
+    )  # fmt: skip
+
+
+# --- problem -> spec ---------------------------------------------------------------------------
+
+
+def _problem_fields(problem) -> tuple[dict, dict]:
+    shape = dict(
+        head_dim_k=problem.head_dim_k, head_dim_v=problem.head_dim_v, dtype=problem.dtype,
+        varlen=problem.varlen,
+    )  # fmt: skip
+    tile = dict(
+        gate_activation=problem.gate_activation, qk_l2norm=problem.qk_l2norm,
+        beta_sigmoid=problem.beta_sigmoid,
+    )  # fmt: skip
+    scan = dict(
+        initial_state=problem.initial_state, state_dtype=problem.state_dtype,
+        output_final_state=problem.output_final_state,
+        output_chunk_states=problem.output_chunk_states, state_layout=problem.state_layout,
+    )  # fmt: skip
+    return {**shape, **tile}, {**shape, **scan}
+
+
+def _matches(spec, problem) -> bool:
+    return (spec.head_dim_k, spec.head_dim_v) == (problem.head_dim_k, problem.head_dim_v)
+
+
+def specialize_split(spec: KdaSplitSpec, problem) -> KdaSplitSpec | None:
+    if not _matches(spec.tile, problem):
+        return None
+    tile, scan = _problem_fields(problem)
+    return KdaSplitSpec(attrs.evolve(spec.tile, **tile), attrs.evolve(spec.scan, **scan))
+
+
+def specialize_fused(spec: KdaChunkFusedSpec, problem) -> KdaChunkFusedSpec | None:
+    if not _matches(spec.tile, problem):
+        return None
+    tile, scan = _problem_fields(problem)
+    return KdaChunkFusedSpec(attrs.evolve(spec.tile, **tile), attrs.evolve(spec.scan, **scan))
