@@ -1,0 +1,3 @@
+from kreg.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""Helpers shared by the subcommands: name lookup, key=value options, specs, tables, JSON."""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any
+
+import attrs
+
+
+class CliError(Exception):
+    """A user mistake: reported as one ``kreg: error:`` line, exit status 2."""
+
+
+def registry():
+    from kreg.registry import get_registry
+
+    return get_registry()
+
+
+def get_target(name: str):
+    targets = registry().targets
+    if name not in targets:
+        raise CliError(f"unknown target {name!r}; known: {', '.join(targets)}")
+    return targets[name]
+
+
+def get_family(name: str):
+    families = registry().families
+    if name not in families:
+        raise CliError(f"unknown family {name!r}; known: {', '.join(families) or '(none)'}")
+    return families[name]
+
+
+def parse_assignments(items: list[str], what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CliError(f"bad {what} {item!r}: expected key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def problem_from_options(family, options: dict[str, str]):
+    """The family's problem built by its problem type's ``from_options`` classmethod."""
+    problem_type = family.problem_type
+    if not hasattr(problem_type, "from_options"):
+        raise CliError(f"family {family.name!r}: {problem_type.__name__} has no from_options()")
+    try:
+        return problem_type.from_options(dict(options))
+    except (ValueError, TypeError, KeyError) as e:
+        raise CliError(f"bad problem options for {family.name}: {e}") from e
+
+
+def override_spec(spec: Any, assignments: dict[str, str]) -> Any:
+    """``spec`` with fields replaced (``tile.chunk=32`` for nested specs), values converted to
+    the type of the field's current value."""
+    for path, text in assignments.items():
+        spec = _set(spec, path.split("."), text, path)
+    return spec
+
+
+def _set(obj: Any, parts: list[str], text: str, path: str) -> Any:
+    if not attrs.has(type(obj)):
+        raise CliError(f"spec field {path!r}: {type(obj).__name__} has no fields")
+    names = [f.name for f in attrs.fields(type(obj))]
+    if parts[0] not in names:
+        raise CliError(f"unknown spec field {path!r}; {type(obj).__name__} has: {', '.join(names)}")
+    current = getattr(obj, parts[0])
+    value = _set(current, parts[1:], text, path) if parts[1:] else _convert(current, text, path)
+    try:
+        return attrs.evolve(obj, **{parts[0]: value})
+    except (ValueError, TypeError) as e:
+        raise CliError(f"bad value {text!r} for spec field {path!r}: {e}") from e
+
+
+def _convert(current: Any, text: str, path: str) -> Any:
+    if attrs.has(type(current)):
+        raise CliError(f"spec field {path!r} is a {type(current).__name__}: set {path}.<field>")
+    kind = type(current)
+    try:
+        if text.lower() == "none" and not isinstance(current, str):
+            return None
+        if isinstance(current, bool):
+            flags = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+            return flags[text.lower()]
+        if isinstance(current, enum.Enum):
+            return kind[text] if text in kind.__members__ else kind(type(current.value)(text))
+        if isinstance(current, tuple):
+            element = current[0] if current else ""
+            return tuple(_convert(element, x.strip(), path) for x in text.split(",") if x.strip())
+        if current is None:
+            for parse in (int, float):
+                try:
+                    return parse(text)
+                except ValueError:
+                    pass
+            return text
+        return kind(text)
+    except (ValueError, KeyError, TypeError) as e:
+        raise CliError(f"bad value {text!r} for spec field {path!r} ({kind.__name__})") from e
+
+
+def jsonable(obj: Any) -> Any:
+    if attrs.has(type(obj)):
+        return attrs.asdict(obj, value_serializer=lambda _i, _f, v: jsonable_leaf(v))
+    return jsonable_leaf(obj)
+
+
+def jsonable_leaf(v: Any) -> Any:
+    if isinstance(v, enum.Enum):
+        return v.value
+    if isinstance(v, type):
+        return v.__name__
+    return v
+
+
+def dump_json(data: Any) -> str:
+    return json.dumps(data, indent=2, default=str)
+
+
+def table(rows: list[list[Any]], header: list[str], indent: str = "") -> str:
+    """A plain left-aligned text table."""
+    cells = [[str(c) for c in row] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join(
+        indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in cells
+    )

@@ -1,0 +1,147 @@
+"""``kreg build CANDIDATE --target T``: compile a candidate's kernels for a target (no GPU needed)
+and print each kernel's resource use, or one IR stage.
+
+CANDIDATE is a candidate name, or a family name for the candidate the dispatcher selects for
+the family's default problem. Without ``--spec`` the spec is the one the dispatcher selects for
+the default problem (``problem_type.from_options({})``), else the first valid enumerated spec;
+``--spec field=value`` overrides fields of it (``tile.chunk=32`` for nested specs).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ._util import (
+    CliError,
+    dump_json,
+    get_target,
+    jsonable,
+    override_spec,
+    parse_assignments,
+    registry,
+    table,
+)
+
+STAGES = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("build", help="compile a candidate's kernels for a target")
+    p.add_argument("candidate", help="candidate name (e.g. kda.split) or family name")
+    p.add_argument("--target", required=True, help="target name, e.g. sm90")
+    p.add_argument("--spec", nargs="+", default=[], metavar="field=value", help="spec overrides")
+    p.add_argument("--stage", choices=STAGES, help="print this IR stage instead of resources")
+    p.add_argument("--kernel", help="build only this kernel of the candidate")
+    p.add_argument("--json", action="store_true", help="print resources as JSON")
+    return p
+
+
+def run(args) -> int:
+    target = get_target(args.target)
+    candidate, spec, how = resolve(args.candidate, target)
+    if args.spec:
+        spec = override_spec(spec, parse_assignments(args.spec, "spec override"))
+        how = "with overrides " + " ".join(args.spec)
+    verdict = candidate.is_valid(spec, target)
+    if not verdict.ok:
+        raise CliError(f"{spec!r} is not valid on {target.name}: {'; '.join(verdict.reasons)}")
+    builders = dict(candidate.builders)
+    if args.kernel is not None:
+        if args.kernel not in builders:
+            raise CliError(
+                f"unknown kernel {args.kernel!r}; {candidate.name} has: {', '.join(builders)}"
+            )
+        builders = {args.kernel: builders[args.kernel]}
+    artifacts = compile_all(builders, spec, target)
+
+    if args.stage:
+        for name, art in artifacts.items():
+            if args.stage not in art.stages:
+                have = ", ".join(art.stages)
+                raise CliError(f"stage {args.stage} not produced for {target.name}; have: {have}")
+            if len(artifacts) > 1:
+                print(f"// ===== kernel {name} ({art.kernel}) =====")
+            print(art.stages[args.stage], end="" if art.stages[args.stage].endswith("\n") else "\n")
+        return 0
+    rows = [
+        {
+            "kernel": name,
+            "function": a.kernel,
+            "shared_bytes": a.shared_bytes,
+            "registers": a.registers,
+            "spills": a.spills,
+            "num_warps": a.num_warps,
+        }
+        for name, a in artifacts.items()
+    ]
+    if args.json:
+        out = {"candidate": candidate.name, "target": target.name, "spec": jsonable(spec)}
+        print(dump_json({**out, "spec_source": how, "kernels": rows}))
+        return 0
+    print(
+        f"candidate  {candidate.name}\ntarget     {target.name}\nspec       {spec!r}\n"
+        f"chosen     {how}\n"
+    )
+    print(table([[("-" if v is None else v) for v in r.values()] for r in rows], list(rows[0])))
+    return 0
+
+
+def resolve(name: str, target):
+    """(candidate, spec, how the spec was chosen) for a candidate or family name."""
+    from kreg.dispatch import NoCandidateError, select
+
+    reg = registry()
+    if name in reg.families:
+        problem = _default_problem(reg.families[name])
+        if problem is None:
+            raise CliError(f"family {name!r} has no default problem: name a candidate")
+        sel = select(problem, target)  # NoCandidateError is reported as a user error
+        return sel.candidate, sel.spec, f"selected for {problem!r}: {sel.decided_by}"
+    if name not in reg.candidates:
+        known = ", ".join([*reg.families, *reg.candidates])
+        raise CliError(f"unknown candidate or family {name!r}; known: {known}")
+    candidate = reg.candidates[name]
+    if candidate.targets is not None and target.name not in candidate.targets:
+        raise CliError(
+            f"{name} does not support {target.name} (only {', '.join(candidate.targets)})"
+        )
+    problem = _default_problem(reg.families[candidate.family])
+    if problem is not None:
+        try:
+            sel = select(problem, target, algorithm=name, allow_opt_in=True)
+            return candidate, sel.spec, f"selected for {problem!r}: {sel.decided_by}"
+        except NoCandidateError:
+            pass
+    for spec in candidate.enumerate_specs(target):
+        if candidate.is_valid(spec, target).ok:
+            return candidate, spec, "first valid enumerated spec"
+    raise CliError(f"{name} has no valid spec on {target.name}")
+
+
+def _default_problem(family):
+    from_options = getattr(family.problem_type, "from_options", None)
+    if from_options is None:
+        return None
+    try:
+        return from_options({})
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def compile_all(builders: dict, spec, target) -> dict:
+    """Compile each builder, with a progress bar on stderr when it is a terminal."""
+    from tqdm import tqdm
+
+    out = {}
+    bar = tqdm(
+        builders.items(),
+        desc=f"compiling for {target.name}",
+        unit="kernel",
+        file=sys.stderr,
+        disable=None,
+        leave=False,
+    )
+    for name, build in bar:
+        bar.set_postfix_str(name)
+        out[name] = build(spec, target)
+    return out

@@ -1,0 +1,74 @@
+"""``kreg explain FAMILY --target T key=value...``: the dispatcher's choice and its full trace."""
+
+from __future__ import annotations
+
+from ._util import (
+    CliError,
+    dump_json,
+    get_family,
+    get_target,
+    jsonable,
+    parse_assignments,
+    problem_from_options,
+    table,
+)
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("explain", help="show which candidate and spec serve a problem")
+    p.add_argument("family", help="family name, e.g. kda")
+    p.add_argument("options", nargs="*", metavar="key=value", help="problem options")
+    p.add_argument("--target", required=True, help="target name, e.g. sm90")
+    p.add_argument("--algorithm", default="auto", help="pin a candidate (full or short name)")
+    p.add_argument("--allow-opt-in", action="store_true", help="let opt-in candidates win")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    return p
+
+
+def run(args) -> int:
+    from kreg.dispatch import select
+
+    family = get_family(args.family)
+    target = get_target(args.target)
+    problem = problem_from_options(family, parse_assignments(args.options, "problem option"))
+    try:
+        sel = select(problem, target, algorithm=args.algorithm, allow_opt_in=args.allow_opt_in)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    print(
+        dump_json(as_json(family, problem, args, sel)) if args.json else as_text(problem, args, sel)
+    )
+    return 0
+
+
+def as_json(family, problem, args, sel) -> dict:
+    return {
+        "family": family.name,
+        "problem": {"type": type(problem).__name__, "fields": jsonable(problem)},
+        "target": sel.target.name,
+        "algorithm": args.algorithm,
+        "allow_opt_in": args.allow_opt_in,
+        "selected": {
+            "candidate": sel.candidate.name,
+            "spec_type": type(sel.spec).__name__,
+            "spec": jsonable(sel.spec),
+            "decided_by": sel.decided_by,
+        },
+        "trace": [jsonable(e) for e in sel.trace],
+    }
+
+
+def as_text(problem, args, sel) -> str:
+    head = table(
+        [
+            ["problem", repr(problem)],
+            ["target", sel.target.name],
+            ["algorithm", args.algorithm + (" (opt-in allowed)" if args.allow_opt_in else "")],
+            ["selected", sel.candidate.name],
+            ["spec", repr(sel.spec)],
+            ["decided by", sel.decided_by],
+        ],
+        ["", ""],
+    ).split("\n", 1)[1]
+    rows = [[e.candidate, e.stage, "ok" if e.ok else "no", e.reason] for e in sel.trace]
+    return head + "\n\nTrace\n" + table(rows, ["candidate", "stage", "ok", "reason"], "  ")

@@ -1,0 +1,91 @@
+"""``kreg golden check|update|diff``: the golden IR hashes of every registered golden case.
+
+``check`` compiles every case for every target it covers and compares the normalised IR hashes
+with the installed Triton's sub-document of ``golden/ir_sha256.json`` (exit 1 on any difference,
+a missing sub-document, cases added or dropped without regenerating, or colliding case names).
+``update`` regenerates that sub-document. ``diff CASE`` prints a case's normalised IR, or with
+``--against REV`` the unified diff between the IR built from revision REV and the working tree.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ._util import CliError, registry
+
+STAGES = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("golden", help="check, update or diff the golden IR hashes")
+    sub = p.add_subparsers(dest="golden_command", required=True, metavar="ACTION")
+    for name, text in (
+        ("check", "compare the golden IR hashes with freshly compiled IR (exit 1 on mismatch)"),
+        ("update", "regenerate the golden IR hashes of the installed Triton version"),
+    ):
+        q = sub.add_parser(name, help=text)
+        q.add_argument("--file", type=Path, help="golden file (default: golden/ir_sha256.json)")
+        q.add_argument("--jobs", "-j", type=int, default=min(2, os.cpu_count() or 1),
+                       help="compile processes (default: 2)")  # fmt: skip
+        q.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
+    d = sub.add_parser("diff", help="print a case's normalised IR, or diff it against a revision")
+    d.add_argument("case", help="golden case name (kreg list --json lists them)")
+    d.add_argument("--target", help="only this target")
+    d.add_argument("--kernel", help="only this kernel of the candidate")
+    d.add_argument("--stage", choices=STAGES, help="only this IR stage")
+    d.add_argument("--against", metavar="REV", help="diff against the IR built at git revision REV")
+    return p
+
+
+def run(args) -> int:
+    from kreg import golden
+
+    reg = registry()
+    if args.golden_command == "diff":
+        return _diff(golden, reg, args)
+    progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    plugins = os.environ.get("KREG_PLUGINS")
+    path = args.file or golden.default_path()
+    if args.golden_command == "check":
+        outcome = golden.check(reg, path, jobs=args.jobs, plugins=plugins, progress=progress)
+        stream = sys.stdout if outcome.ok else sys.stderr
+        for line in outcome.messages:
+            print(line, file=stream)
+        return 0 if outcome.ok else 1
+    try:
+        _, changes = golden.update(reg, path, jobs=args.jobs, plugins=plugins, progress=progress)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    for line in changes:
+        print(f"changed: {line}")
+    print(f"wrote {path} (Triton {golden.triton_version()}): {len(changes)} change(s)")
+    return 0
+
+
+def _diff(golden, reg, args) -> int:
+    if args.target is not None and args.target not in reg.targets:
+        raise CliError(f"unknown target {args.target!r}; known: {', '.join(reg.targets)}")
+    options = dict(target=args.target, kernel=args.kernel, stage=args.stage)
+    try:
+        current = golden.case_ir(reg, args.case, **options)
+    except KeyError as e:
+        raise CliError(e.args[0]) from e
+    if not current:
+        raise CliError(f"nothing selected for case {args.case!r} with {options}")
+    if args.against is None:
+        for key, text in current.items():
+            print(f"// ===== {args.case} {key} =====")
+            print(text, end="")
+        return 0
+    try:
+        old = golden.case_ir_at_revision(args.against, args.case, **options)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    text = golden.unified_diff(old, current, args.against, "worktree")
+    if text:
+        print(text, end="")
+        return 1
+    print(f"{args.case}: normalised IR identical at {args.against} and in the working tree")
+    return 0

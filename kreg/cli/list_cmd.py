@@ -1,0 +1,161 @@
+"""``kreg list``: families, candidates, targets, plugin origins and broken plugins.
+
+``--json`` prints a coverage manifest: per candidate and target, how many enumerated specs are
+valid on that target (hardware rules only, no problem) and why the others are rejected.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ._util import dump_json, registry, table
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("list", help="list families, candidates, targets and plugins")
+    p.add_argument("--json", action="store_true", help="print a coverage manifest as JSON")
+    return p
+
+
+def run(args) -> int:
+    reg = registry()
+    print(dump_json(manifest(reg)) if args.json else text(reg))
+    return 0
+
+
+def coverage(candidate, target) -> dict:
+    if candidate.targets is not None and target.name not in candidate.targets:
+        return {"supported": False}
+    specs = list(candidate.enumerate_specs(target))
+    reasons: Counter[str] = Counter()
+    valid = 0
+    for spec in specs:
+        verdict = candidate.is_valid(spec, target)
+        valid += verdict.ok
+        reasons.update(verdict.reasons)
+    return {
+        "supported": True,
+        "enumerated": len(specs),
+        "valid": valid,
+        "rejected": len(specs) - valid,
+        "reasons": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+    }
+
+
+def manifest(reg) -> dict:
+    return {
+        "targets": [
+            {
+                "name": t.name,
+                "backend": t.backend,
+                "arch": t.arch,
+                "devices": list(t.devices),
+                "verification": t.verification,
+                "origin": reg.origin[t.name],
+            }
+            for t in reg.targets.values()
+        ],
+        "families": [
+            {
+                "name": f.name,
+                "problem_type": f.problem_type.__name__,
+                "abi_version": f.abi_version,
+                "candidates": [c.name for c in f.candidates],
+                "docs": f.docs,
+                "description": f.description,
+                "origin": reg.origin[f.name],
+            }
+            for f in reg.families.values()
+        ],
+        "candidates": [
+            {
+                "name": c.name,
+                "family": c.family,
+                "priority": c.priority,
+                "opt_in": c.opt_in,
+                "opt_in_reason": c.opt_in_reason,
+                "spec_types": [t.__name__ for t in c.spec_types],
+                "targets": list(c.targets) if c.targets is not None else None,
+                "kernels": list(c.builders),
+                "description": c.description,
+                "origin": reg.origin[c.name],
+                "coverage": {t.name: coverage(c, t) for t in reg.targets.values()},
+            }
+            for c in reg.candidates.values()
+        ],
+        "golden_cases": [
+            {"name": g.name, "candidate": g.candidate, "origin": reg.origin[g.name]}
+            for g in reg.golden_cases.values()
+        ],
+        "scenarios": [
+            {"name": s.name, "family": s.family, "origin": reg.origin[s.name]}
+            for s in reg.scenarios.values()
+        ],
+        "broken": [{"plugin": p, "error": e} for p, e in reg.broken],
+    }
+
+
+def _short(text: str, width: int = 48) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def text(reg) -> str:
+    out = ["Families"]
+    out.append(
+        table(
+            [
+                [
+                    f.name,
+                    f.problem_type.__name__,
+                    f.abi_version,
+                    len(f.candidates),
+                    reg.origin[f.name],
+                ]
+                for f in reg.families.values()
+            ],
+            ["name", "problem", "abi", "candidates", "origin"],
+            "  ",
+        )
+        if reg.families
+        else "  (none)"
+    )
+    out += ["", "Candidates"]
+    rows = []
+    for c in reg.candidates.values():
+        rows.append(
+            [
+                c.name,
+                c.priority,
+                _short(f"yes: {c.opt_in_reason}") if c.opt_in else "no",
+                ", ".join(t.__name__ for t in c.spec_types),
+                ", ".join(c.targets) if c.targets is not None else "all",
+                reg.origin[c.name],
+            ]
+        )
+    out.append(
+        table(rows, ["name", "priority", "opt-in", "spec types", "targets", "origin"], "  ")
+        if rows
+        else "  (none)"
+    )
+    out += ["", "Targets"]
+    out.append(
+        table(
+            [
+                [
+                    t.name,
+                    t.backend,
+                    t.arch,
+                    ", ".join(t.devices),
+                    t.verification,
+                    reg.origin[t.name],
+                ]
+                for t in reg.targets.values()
+            ],
+            ["name", "backend", "arch", "devices", "verification", "origin"],
+            "  ",
+        )
+    )
+    if reg.broken:
+        out += ["", "Broken plugins (skipped)"]
+        out += [f"  {plugin}: {error}" for plugin, error in reg.broken]
+    return "\n".join(out)

@@ -1,0 +1,204 @@
+"""select(): which candidate and spec serve a problem on a target, and why.
+
+Every candidate of every family whose problem type matches goes through four stages, each
+recorded in the trace: ``problem`` (``accepts``), ``target`` (the candidate's targets),
+``spec`` (enumerate, specialize to the problem, validate) and ``ranked`` (priority, opt-in,
+then the ranker picks the winner's spec).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from kreg.registry import get_registry
+from kreg.registry.model import Candidate, Target
+
+from . import ranker
+
+MAX_REASONS = 3
+
+
+@attrs.frozen
+class TraceEntry:
+    candidate: str
+    stage: str  # "problem" | "target" | "spec" | "ranked"
+    ok: bool
+    reason: str
+
+
+@attrs.frozen
+class Selection:
+    candidate: Candidate
+    spec: Any
+    target: Target
+    trace: tuple[TraceEntry, ...]
+    decided_by: str  # "tuning table entry ...", "heuristic cost ..." or "priority"
+
+
+class NoCandidateError(LookupError):
+    """No candidate (or not the pinned one) can serve the problem; lists every reason."""
+
+    def __init__(self, message: str, trace: tuple[TraceEntry, ...] = ()):
+        lines = [message] + [f"  {e.candidate}: {e.stage}: {e.reason}" for e in trace if not e.ok]
+        super().__init__("\n".join(lines))
+        self.trace = trace
+
+
+_cache: dict = {}
+_cache_registry = None
+
+
+def clear_cache() -> None:
+    """Forget cached selections and re-read the tuning table on next use."""
+    global _cache_registry
+    _cache.clear()
+    _cache_registry = None
+    ranker.clear_table()
+
+
+def select(
+    problem: Any,
+    target: Target | str | None = None,
+    algorithm: str = "auto",
+    allow_opt_in: bool = False,
+) -> Selection:
+    """Select the candidate and spec serving ``problem`` on ``target`` (cached, deterministic).
+
+    ``target`` is a Target, a target name, or None for the current GPU's target.
+    ``algorithm`` is "auto" or a candidate name (full, or short after the dot) to pin; a pinned
+    candidate may be opt-in. Raises NoCandidateError when nothing (or not the pinned one) serves,
+    ValueError for an unknown algorithm or target.
+    """
+    global _cache_registry
+    registry = get_registry()
+    if registry is not _cache_registry:
+        _cache.clear()
+        _cache_registry = registry
+    key = (problem, target, algorithm, allow_opt_in)
+    try:
+        return _cache[key]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable problem: no caching
+        return _select(registry, problem, target, algorithm, allow_opt_in)
+    selection = _cache[key] = _select(registry, problem, target, algorithm, allow_opt_in)
+    return selection
+
+
+def _resolve_target(registry, target) -> Target:
+    if isinstance(target, Target):
+        return target
+    if target is None:
+        from kreg.registry.targets import detect
+
+        found = detect(registry.targets.values())
+        if found is None:
+            raise ValueError(
+                f"no supported GPU detected: pass target= (one of {', '.join(registry.targets)})"
+            )
+        return found
+    if target not in registry.targets:
+        raise ValueError(f"unknown target {target!r}; known: {', '.join(registry.targets)}")
+    return registry.targets[target]
+
+
+def _select(registry, problem, target, algorithm, allow_opt_in) -> Selection:
+    target = _resolve_target(registry, target)
+    candidates = sorted(registry.candidates_for(problem), key=lambda c: (-c.priority, c.name))
+    if not candidates:
+        raise NoCandidateError(f"no registered family serves {type(problem).__name__}")
+    pinned = None
+    if algorithm != "auto":
+        matches = [c for c in candidates if algorithm in (c.name, c.name.partition(".")[2])]
+        if len(matches) != 1:
+            known = ", ".join(["auto"] + sorted(c.name for c in candidates))
+            why = "ambiguous" if matches else "unknown"
+            raise ValueError(f"{why} algorithm {algorithm!r}; known: {known}")
+        pinned = matches[0]
+
+    trace: list[TraceEntry] = []
+    passed: list[tuple[Candidate, list]] = []
+    for c in candidates:
+        if pinned is not None and c is not pinned:
+            continue
+        specs = _evaluate(c, problem, target, trace)
+        if specs:
+            passed.append((c, specs))
+
+    winner = None
+    for c, specs in passed:
+        if winner is not None:
+            trace.append(
+                TraceEntry(
+                    c.name,
+                    "ranked",
+                    False,
+                    f"outranked by {winner[0].name} (priority {c.priority} < {winner[0].priority})"
+                    if c.priority < winner[0].priority
+                    else f"outranked by {winner[0].name} (same priority {c.priority}, by name)",
+                )
+            )
+        elif c.opt_in and not allow_opt_in and pinned is None:
+            trace.append(TraceEntry(c.name, "ranked", False, f"opt-in: {c.opt_in_reason}"))
+        else:
+            family = registry.families[c.family]
+            spec, decided_by = ranker.choose_spec(c, family, specs, problem, target)
+            winner = (c, spec, decided_by)
+            trace.append(
+                TraceEntry(
+                    c.name, "ranked", True, f"selected (priority {c.priority}); {decided_by}"
+                )
+            )
+    trace_t = tuple(trace)
+    if winner is None:
+        what = f"candidate {pinned.name}" if pinned else "no candidate"
+        raise NoCandidateError(
+            f"{what} cannot serve {problem!r} on {target.name}"
+            if pinned
+            else f"{what} serves {problem!r} on {target.name}",
+            trace_t,
+        )
+    return Selection(winner[0], winner[1], target, trace_t, winner[2])
+
+
+def _evaluate(c: Candidate, problem, target: Target, trace: list) -> list:
+    """Run the problem, target and spec stages; returns the valid specialised specs."""
+    verdict = c.accepts(problem)
+    trace.append(
+        TraceEntry(c.name, "problem", verdict.ok, "; ".join(verdict.reasons) or "accepted")
+    )
+    if not verdict.ok:
+        return []
+    if c.targets is not None and target.name not in c.targets:
+        trace.append(
+            TraceEntry(c.name, "target", False, f"{target.name} not in {', '.join(c.targets)}")
+        )
+        return []
+    trace.append(TraceEntry(c.name, "target", True, f"{target.name} supported"))
+
+    enumerated = list(c.enumerate_specs(target))
+    matched = valid = 0
+    specs: list = []
+    reasons: dict[str, None] = {}
+    for spec in enumerated:
+        if c.specialize is not None:
+            spec = c.specialize(spec, problem)
+            if spec is None:
+                continue
+        matched += 1
+        v = c.is_valid(spec, target, problem)
+        if v.ok:
+            valid += 1
+            if spec not in specs:
+                specs.append(spec)
+        else:
+            reasons.update(dict.fromkeys(v.reasons))
+    text = f"{len(enumerated)} enumerated, {matched} match the problem, {valid} valid"
+    if reasons:
+        shown = list(reasons)[:MAX_REASONS]
+        more = len(reasons) - len(shown)
+        text += "; rejected: " + "; ".join(shown) + (f" (+{more} more)" if more else "")
+    trace.append(TraceEntry(c.name, "spec", bool(specs), text))
+    return specs

@@ -1,0 +1,259 @@
+"""The plugin host: loads built-in and third-party plugins and validates what they register.
+
+Built-in plugins are registered explicitly and any error in them raises
+:class:`RegistrationError`. Third-party plugins come from the ``kreg`` entry-point group; each is
+isolated: an import error, an unknown hook, an exception in a hook or an invalid registration
+drops everything that plugin registered and is reported in :attr:`Registry.broken`.
+
+``KREG_PLUGINS`` selects third-party plugins: unset loads all, ``none`` (or empty) loads none, a
+comma-separated list loads only the entry points named.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+import os
+from typing import Any
+
+import attrs
+import pluggy
+
+from . import hookspecs
+from .model import Candidate, Family, GoldenCase, Scenario, Target
+
+ENTRY_POINT_GROUP = "kreg"
+BUILTIN_PLUGINS = ("kreg.registry.builtin", "kreg.families.kda.plugin")
+# Built-ins skipped (silently) only while their module does not exist at all.
+OPTIONAL_BUILTINS = frozenset({"kreg.families.kda.plugin"})
+BUILTIN_PREFIX = "builtin:"
+# Hooks are called in this order across all plugins: every target exists before any family.
+PHASES = (
+    ("kreg_register_targets", Target),
+    ("kreg_register_families", Family),
+    ("kreg_register_golden_cases", GoldenCase),
+    ("kreg_register_scenarios", Scenario),
+)
+_ENV = object()
+
+
+class RegistrationError(Exception):
+    """A plugin failed to load or made an invalid registration; names the plugin."""
+
+    def __init__(self, plugin: str, message: str):
+        super().__init__(f"plugin {plugin!r}: {message}")
+        self.plugin = plugin
+        self.message = message
+
+
+@attrs.frozen
+class Registry:
+    """Everything registered, by name. Built once per process by :func:`get_registry`."""
+
+    targets: dict[str, Target]
+    families: dict[str, Family]
+    candidates: dict[str, Candidate]  # by dotted name
+    golden_cases: dict[str, GoldenCase]
+    scenarios: dict[str, Scenario]
+    origin: dict[str, str]  # registered name -> plugin name ("builtin:<module>" or entry point)
+    broken: list[tuple[str, str]]  # (plugin name, error) of skipped third-party plugins
+
+    def family_of(self, candidate: Candidate | str) -> Family:
+        name = candidate if isinstance(candidate, str) else candidate.name
+        return self.families[self.candidates[name].family]
+
+    def candidates_for(self, problem: Any) -> tuple[Candidate, ...]:
+        """Candidates of every family whose problem type ``problem`` is an instance of."""
+        return tuple(c for c in self.candidates.values() if isinstance(problem, c.problem_type))
+
+
+# --- the cached registry ------------------------------------------------------------------
+
+_registry: Registry | None = None
+
+
+def get_registry() -> Registry:
+    """The process-wide registry, loaded on first use."""
+    global _registry
+    if _registry is None:
+        _registry = load_registry()
+    return _registry
+
+
+def reset_registry() -> None:
+    """Forget the cached registry (tests; after installing a plugin): the next use reloads."""
+    global _registry
+    _registry = None
+    importlib.invalidate_caches()  # entry-point discovery caches per sys.path entry
+
+
+# --- loading --------------------------------------------------------------------------------
+
+_DEFAULT_IMPL_OPTS = dict(hookspecs.hookimpl(lambda: None).kreg_impl)
+
+
+class _PluginManager(pluggy.PluginManager):
+    """Treats every ``kreg_*`` function as a hook, marked or not (as pytest does for
+    ``pytest_*``), so a misspelled hook is always caught by ``check_pending``."""
+
+    def parse_hookimpl_opts(self, plugin, name):
+        opts = super().parse_hookimpl_opts(plugin, name)
+        if opts is None and name.startswith("kreg_"):
+            found = inspect.getattr_static(plugin, name, None)
+            if inspect.isfunction(found):
+                return dict(_DEFAULT_IMPL_OPTS)
+        return opts
+
+
+def load_registry(plugins: str | Any | None = _ENV, *, builtins=BUILTIN_PLUGINS) -> Registry:
+    """Load a fresh registry (uncached). ``plugins`` overrides ``$KREG_PLUGINS``."""
+    if plugins is _ENV:
+        plugins = os.environ.get("KREG_PLUGINS")
+    pm = _PluginManager("kreg")
+    pm.add_hookspecs(hookspecs)
+    broken: list[tuple[str, str]] = []
+    loaded: list[str] = []
+
+    for module_name in builtins:
+        name = BUILTIN_PREFIX + module_name
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if module_name in OPTIONAL_BUILTINS and e.name == module_name:
+                continue
+            raise RegistrationError(name, f"import failed: {e}") from e
+        try:
+            _add_plugin(pm, module, name)
+        except Exception as e:
+            raise RegistrationError(name, str(e)) from e
+        loaded.append(name)
+
+    for ep in _entry_points(plugins, broken):
+        try:
+            _add_plugin(pm, ep.load(), ep.name)
+        except Exception as e:
+            broken.append((ep.name, f"{type(e).__name__}: {e}"))
+        else:
+            loaded.append(ep.name)
+
+    def fail(plugin: str, message: str, cause: BaseException | None = None) -> None:
+        if plugin.startswith(BUILTIN_PREFIX):
+            raise RegistrationError(plugin, message) from cause
+        broken.append((plugin, message))
+        loaded.remove(plugin)
+
+    staged = _call_hooks(pm, loaded, fail)
+    # A plugin whose registrations fail validation is dropped whole and the rest rebuilt, so
+    # nothing depends on a dropped plugin's targets, families or candidates.
+    while True:
+        try:
+            return _build([(p, kind, obj) for p in loaded for kind, obj in staged[p]], broken)
+        except RegistrationError as e:
+            fail(e.plugin, e.message, e)
+
+
+def _add_plugin(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
+    pm.register(plugin, name=name)
+    try:
+        pm.check_pending()  # an unknown (misspelled) hook is an error
+    except pluggy.PluginValidationError:
+        pm.unregister(name=name)
+        raise
+
+
+def _entry_points(allow: str | None, broken: list) -> list[importlib.metadata.EntryPoint]:
+    eps = sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+    if allow is None:
+        return eps
+    names = [n.strip() for n in allow.split(",") if n.strip()]
+    if names in ([], ["none"]):
+        return []
+    known = {ep.name for ep in eps}
+    for name in names:
+        if name not in known:
+            broken.append((name, f"named in KREG_PLUGINS but no entry point {name!r} is installed"))
+    return [ep for ep in eps if ep.name in names]
+
+
+def _call_hooks(pm, loaded: list[str], fail) -> dict[str, list[tuple[type, Any]]]:
+    """Call each hook plugin by plugin, in PHASES order, staging what each registers."""
+    staged: dict[str, list[tuple[type, Any]]] = {p: [] for p in loaded}
+    for hook_name, kind in PHASES:
+        impls = getattr(pm.hook, hook_name).get_hookimpls()
+        for plugin in list(loaded):
+            items = staged[plugin]
+
+            def register(obj, _items=items, _kind=kind):
+                _items.append((_kind, obj))
+
+            for impl in impls:
+                if impl.plugin_name != plugin or plugin not in loaded:
+                    continue
+                try:
+                    impl.function(*[register for _ in impl.argnames])
+                except Exception as e:
+                    fail(plugin, f"{hook_name} raised {type(e).__name__}: {e}", e)
+    return staged
+
+
+def _build(staged: list[tuple[str, type, Any]], broken: list) -> Registry:
+    """Validate staged registrations into a Registry; RegistrationError names the plugin."""
+    reg = Registry({}, {}, {}, {}, {}, {}, broken)
+    for _, kind in PHASES:
+        for plugin, item_kind, obj in staged:
+            if item_kind is kind:
+                _check(reg, plugin, kind, obj)
+    return reg
+
+
+def _check(reg: Registry, plugin: str, kind: type, obj: Any) -> None:
+    def bad(message: str) -> None:
+        raise RegistrationError(plugin, message)
+
+    def claim(table: dict, what: str, name: str, value: Any) -> None:
+        if name in table:
+            bad(f"duplicate {what} {name!r} (already registered by {reg.origin[name]!r})")
+        table[name] = value
+        reg.origin[name] = plugin
+
+    if not isinstance(obj, kind):
+        bad(f"registered {type(obj).__name__} {obj!r:.60} where a {kind.__name__} was expected")
+    if kind is Target:
+        claim(reg.targets, "target", obj.name, obj)
+    elif kind is Family:
+        for c in obj.candidates:
+            _check_candidate(reg, obj, c, bad)
+        claim(reg.families, "family", obj.name, obj)
+        for c in obj.candidates:
+            claim(reg.candidates, "candidate", c.name, c)
+    elif kind is GoldenCase:
+        if obj.candidate not in reg.candidates:
+            bad(f"golden case {obj.name!r} names unknown candidate {obj.candidate!r}")
+        unknown = sorted(set(obj.targets or ()) - set(reg.targets))
+        if unknown:
+            bad(f"golden case {obj.name!r} names unknown targets {unknown}")
+        claim(reg.golden_cases, "golden case", obj.name, obj)
+    else:
+        if obj.family not in reg.families:
+            bad(f"scenario {obj.name!r} names unknown family {obj.family!r}")
+        claim(reg.scenarios, "scenario", obj.name, obj)
+
+
+def _check_candidate(reg: Registry, family: Family, c: Any, bad) -> None:
+    if not isinstance(c, Candidate):
+        bad(f"family {family.name!r} lists {type(c).__name__} {c!r:.60}, not a Candidate")
+    prefix, _, short = c.name.partition(".")
+    if prefix != family.name or not short:
+        bad(f"candidate {c.name!r} must be named '{family.name}.<name>'")
+    if c.family != family.name:
+        bad(f"candidate {c.name!r} says family {c.family!r} but is listed by {family.name!r}")
+    unknown = sorted(set(c.targets or ()) - set(reg.targets))
+    if unknown:
+        bad(f"candidate {c.name!r} names unknown targets {unknown}")
+    if not c.builders or not all(callable(b) for b in c.builders.values()):
+        bad(f"candidate {c.name!r} has no builders (or a builder that is not callable)")
+    if not callable(c.is_valid):
+        bad(f"candidate {c.name!r} has no callable is_valid")
+    if not c.spec_types or not callable(c.enumerate_specs):
+        bad(f"candidate {c.name!r}: spec type without an enumeration")

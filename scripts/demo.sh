@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# kreg on a CPU-only machine: install, list the registry, explain a KDA selection, compile the
+# selected kernels for sm90 and gfx950 and print their resource use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/venv.sh
+
+step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
+
+step kreg list
+step kreg explain kda --target sm90 B=2 T=4096 H=16
+step kreg explain kda --target gfx950 T=8192
+step kreg build kda --target sm90
+step kreg build kda --target gfx950
+
+# ---- KDA prefill on CPU vs the oracle (the KDA family adds this step) ----
+# step python -m kreg.families.kda.demo

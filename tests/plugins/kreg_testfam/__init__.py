@@ -1,0 +1,1 @@
+"""A test-only kreg family ("testfam"), installed by the tests through a real entry point."""

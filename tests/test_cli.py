@@ -1,0 +1,144 @@
+"""The kreg CLI, through ``python -m kreg`` subprocesses (and in-process for error cases)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kreg.cli import main
+
+
+@pytest.fixture
+def kreg(testfam, plugin_env):
+    def run(*argv: str, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "kreg", *argv],
+            capture_output=True,
+            text=True,
+            env=plugin_env.env(**env),
+            timeout=120,
+        )
+
+    return run
+
+
+def test_list(kreg, plugin_env):
+    plugin_env.install("broken", "kreg_t_cli_broken", "raise RuntimeError('nope')\n")
+    r = kreg("list")
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines()]
+    assert ["testfam", "VecProblem", "3", "2", "testfam"] in rows
+    assert "yes: experimental, numerics unverified" in r.stdout
+    assert ["sm90", "cuda", "90", "H100,", "H200", "gpu", "builtin:kreg.registry.builtin"] in rows
+    assert "Broken plugins (skipped)\n  broken: RuntimeError: nope" in r.stdout
+
+
+def test_list_json_coverage(kreg):
+    r = kreg("list", "--json", KREG_PLUGINS="testfam")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    cands = {c["name"]: c for c in data["candidates"]}
+    cov = cands["testfam.simple"]["coverage"]["sm90"]
+    assert (cov["enumerated"], cov["valid"], cov["rejected"]) == (16, 11, 5)
+    assert cov["reasons"]["block 32 < 64 threads"] == 1
+    assert cands["testfam.fast"]["coverage"]["gfx942"] == {"supported": False}
+    assert cands["testfam.fast"]["origin"] == "testfam"
+    assert data["broken"] == []
+
+
+def test_explain_is_deterministic(kreg):
+    args = ("explain", "testfam", "--target", "sm90", "n=2048", "--json")
+    first, second = kreg(*args), kreg(*args)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    data = json.loads(first.stdout)
+    assert data["selected"] == {
+        "candidate": "testfam.simple",
+        "spec_type": "VecSpec",
+        "spec": {"tile": {"block": 32, "warps": 1}, "dtype": "fp32"},
+        "decided_by": "priority",
+    }
+    assert data["problem"] == {"type": "VecProblem", "fields": {"n": 2048, "dtype": "fp32"}}
+    assert {
+        "candidate": "testfam.fast",
+        "stage": "ranked",
+        "ok": False,
+        "reason": "opt-in: experimental, numerics unverified",
+    } in data["trace"]
+
+
+def test_explain_text(kreg):
+    r = kreg("explain", "testfam", "dtype=fp32", "--target", "gfx950", "--allow-opt-in")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[3] == "selected    testfam.fast"
+    assert "candidate       stage    ok  reason" in r.stdout
+    assert "testfam.simple  ranked   no  outranked by testfam.fast (priority 0 < 10)" in r.stdout
+
+
+def test_build_resources(kreg):
+    for target in ("sm90", "gfx950"):
+        r = kreg("build", "testfam", "--target", target)
+        assert r.returncode == 0, r.stderr
+        assert "candidate  testfam.simple" in r.stdout
+        assert "kernel  function  shared_bytes  registers  spills  num_warps" in r.stdout
+        assert r.stdout.splitlines()[-1].split()[0] == "scale2"
+    r = kreg("build", "testfam.fast", "--target", "gfx950", "--spec", "tile.warps=4", "--json")
+    data = json.loads(r.stdout)
+    assert data["spec"] == {"tile": {"block": 1024, "warps": 4}, "dtype": "fp32"}
+    [kernel] = data["kernels"]
+    assert kernel["num_warps"] == 4 and kernel["registers"] > 0 and kernel["spills"] == 0
+
+
+def test_build_stage(kreg):
+    r = kreg("build", "testfam.simple", "--target", "sm90", "--stage", "ttir", "--kernel", "scale2")
+    assert r.returncode == 0, r.stderr
+    assert "tt.func public @scale2" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["explain", "nofam", "--target", "sm90"], "unknown family 'nofam'"),
+        (["explain", "testfam", "--target", "sm100"], "unknown target 'sm100'"),
+        (["explain", "testfam", "--target", "sm90", "n"], "bad problem option 'n'"),
+        (["explain", "testfam", "--target", "sm90", "n=x"], "bad problem options for testfam"),
+        (["explain", "testfam", "--target", "sm90", "k=1"], "unknown option(s) ['k']"),
+        (["explain", "testfam", "--target", "sm90", "n=0"], "no candidate serves"),
+        (["explain", "testfam", "--target", "sm90", "--algorithm", "x"], "unknown algorithm 'x'"),
+        (["explain", "testfam"], "the following arguments are required: --target"),
+        (["explain", "testfam", "--target", "sm90", "--nope"], "unrecognized arguments: --nope"),
+        (["build", "nope", "--target", "sm90"], "unknown candidate or family 'nope'"),
+        (["build", "testfam.fast", "--target", "gfx942"], "does not support gfx942"),
+        (["build", "testfam.simple", "--target", "sm90", "--spec", "blk=1"], "unknown spec field"),
+        (["build", "testfam.simple", "--target", "sm90", "--spec", "tile=1"], "set tile.<field>"),
+        (
+            ["build", "testfam.simple", "--target", "sm90", "--spec", "tile.block=x"],
+            "bad value 'x'",
+        ),
+        (["build", "testfam.simple", "--target", "sm90", "--spec", "tile.block=16"], "not valid"),
+        (["build", "testfam.simple", "--target", "sm90", "--kernel", "k"], "unknown kernel 'k'"),
+        (["build", "testfam.simple", "--target", "gfx950", "--stage", "ptx"], "stage ptx not"),
+        (["build", "testfam", "--target", "sm90", "--stage", "sass"], "invalid choice: 'sass'"),
+        ([], "the following arguments are required: COMMAND"),
+    ],
+)
+def test_user_errors_one_line_exit_2(testfam, capsys, argv, message):
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("kreg: error: ") and err.count("\n") == 1
+    assert message in err
+
+
+def test_user_error_subprocess(kreg):
+    r = kreg("explain", "testfam", "--target", "sm90", "n=0")
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "kreg: error: no candidate serves VecProblem(n=0, dtype='fp32') on sm90 | "
+        "testfam.fast: problem: n must be positive | testfam.simple: problem: n must be positive"
+    ]

@@ -1,0 +1,210 @@
+"""select(): stages, opt-in, pinning, errors, cache and the tuning table."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import triton
+
+from kreg.dispatch import NoCandidateError, TraceEntry, TuningWarning, clear_cache, select
+
+
+@pytest.fixture
+def vec(testfam):
+    from kreg_testfam.family import Tile, VecProblem, VecSpec
+
+    return VecProblem, VecSpec, Tile
+
+
+def test_opt_in_never_wins_under_auto(vec):
+    VecProblem, VecSpec, Tile = vec
+    sel = select(VecProblem(), "sm90")
+    assert sel.candidate.name == "testfam.simple"
+    assert sel.spec == VecSpec(Tile(32, 1))
+    assert sel.decided_by == "priority"
+    assert (
+        TraceEntry("testfam.fast", "ranked", False, "opt-in: experimental, numerics unverified")
+        in sel.trace
+    )
+    assert [(e.candidate, e.stage) for e in sel.trace] == [
+        ("testfam.fast", "problem"),
+        ("testfam.fast", "target"),
+        ("testfam.fast", "spec"),
+        ("testfam.simple", "problem"),
+        ("testfam.simple", "target"),
+        ("testfam.simple", "spec"),
+        ("testfam.fast", "ranked"),
+        ("testfam.simple", "ranked"),
+    ]
+    spec_entry = sel.trace[5]
+    assert spec_entry.reason.startswith("16 enumerated, 16 match the problem, 11 valid; rejected: ")
+    assert spec_entry.reason.endswith("(+2 more)")
+
+
+def test_allow_opt_in_and_pinned(vec):
+    VecProblem, VecSpec, Tile = vec
+    sel = select(VecProblem(), "sm90", allow_opt_in=True)
+    assert sel.candidate.name == "testfam.fast"
+    assert sel.spec == VecSpec(Tile(1024, 1))  # lowest cost
+    assert sel.decided_by.startswith("heuristic cost 4.1 ")
+    assert any(e.reason.startswith("outranked by testfam.fast") for e in sel.trace)
+    for name in ("fast", "testfam.fast"):
+        assert select(VecProblem(), "gfx950", algorithm=name).candidate.name == "testfam.fast"
+    pinned = select(VecProblem(), "sm90", algorithm="simple")
+    assert pinned.candidate.name == "testfam.simple"
+    assert {e.candidate for e in pinned.trace} == {"testfam.simple"}
+
+
+def test_pinned_candidate_that_cannot_serve(vec):
+    VecProblem, _, _ = vec
+    with pytest.raises(NoCandidateError, match="candidate testfam.fast cannot serve") as e:
+        select(VecProblem(dtype="fp16"), "sm90", algorithm="fast")
+    assert "testfam.fast: spec: 8 enumerated, 0 match the problem, 0 valid" in str(e.value)
+    with pytest.raises(NoCandidateError, match="target: gfx942 not in sm90, gfx950"):
+        select(VecProblem(), "gfx942", algorithm="fast")
+
+
+def test_no_candidate_lists_every_candidate(vec):
+    VecProblem, _, _ = vec
+    with pytest.raises(NoCandidateError) as e:
+        select(VecProblem(n=0), "sm90")
+    lines = str(e.value).splitlines()
+    assert lines[0] == "no candidate serves VecProblem(n=0, dtype='fp32') on sm90"
+    assert lines[1:] == [
+        "  testfam.fast: problem: n must be positive",
+        "  testfam.simple: problem: n must be positive",
+    ]
+    with pytest.raises(NoCandidateError, match="n not a multiple of 32") as e:
+        select(VecProblem(n=48), "sm90")
+    assert {t.candidate for t in e.value.trace} == {"testfam.fast", "testfam.simple"}
+    # an opt-in candidate that alone could serve is still not chosen, and says why
+    with pytest.raises(NoCandidateError, match="testfam.fast: ranked: opt-in: experimental"):
+        select(VecProblem(n=1 << 21), "sm90")
+    assert select(VecProblem(n=1 << 21), "sm90", allow_opt_in=True).candidate.name == "testfam.fast"
+    with pytest.raises(NoCandidateError, match="no registered family serves object"):
+        select(object(), "sm90")
+
+
+def test_bad_arguments(vec):
+    VecProblem, _, _ = vec
+    with pytest.raises(
+        ValueError, match="unknown algorithm 'nope'; known: auto, testfam.fast, testfam.simple"
+    ):
+        select(VecProblem(), "sm90", algorithm="nope")
+    with pytest.raises(ValueError, match="unknown target 'sm100'; known: sm90, gfx950, gfx942"):
+        select(VecProblem(), "sm100")
+
+
+def test_target_none_without_gpu(vec):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(ValueError, match="no supported GPU detected: pass target="):
+        select(vec[0]())
+
+
+@pytest.mark.gpu
+def test_target_detected_on_gpu(vec):
+    assert select(vec[0](), algorithm="simple").target.name in ("sm90", "gfx950", "gfx942")
+
+
+def test_cache_and_determinism(vec):
+    VecProblem, _, _ = vec
+    first = select(VecProblem(), "sm90")
+    assert select(VecProblem(), "sm90") is first
+    clear_cache()
+    again = select(VecProblem(), "sm90")
+    assert again is not first and again == first
+
+
+# --- tuning table ------------------------------------------------------------------------------
+
+
+def section(target="sm90", triton_version=None, abi=3, entries=None):
+    return {
+        "header": {
+            "target": target,
+            "triton": triton_version or triton.__version__,
+            "abi": {"testfam": abi},
+        },
+        "entries": entries
+        if entries is not None
+        else [
+            {
+                "candidate": "testfam.simple",
+                "bucket": {"dtype": "fp32"},
+                "spec": {"tile": {"block": 256}},
+            }
+        ],
+    }
+
+
+@pytest.fixture
+def table(tmp_path, monkeypatch, vec):
+    def use(data):
+        path = tmp_path / "tuning.json"
+        path.write_text(json.dumps(data))
+        monkeypatch.setenv("KREG_TUNING", str(path))
+        clear_cache()
+
+    return use
+
+
+def test_tuning_entry_decides(vec, table):
+    VecProblem, VecSpec, Tile = vec
+    table(section())
+    sel = select(VecProblem(), "sm90")
+    assert sel.spec == VecSpec(Tile(256, 1))
+    assert sel.decided_by.startswith("tuning table entry {'tile': {'block': 256}}")
+    # bucket does not match: no entry, no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert select(VecProblem(dtype="fp16"), "sm90").decided_by == "priority"
+        assert select(VecProblem(), "gfx950").decided_by == "priority"  # other target's section
+
+
+@pytest.mark.parametrize(
+    "stale, why",
+    [
+        (section(triton_version="3.5.0"), "measured with Triton 3.5.0"),
+        (section(abi=2), "abi 2, family is at abi 3"),
+    ],
+)
+def test_stale_tuning_section_ignored_with_warning(vec, table, stale, why):
+    table([stale, section(target="gfx950")])
+    with pytest.warns(TuningWarning, match=why):
+        sel = select(vec[0](), "sm90")
+    assert sel.decided_by == "priority" and sel.spec.tile.block == 32
+
+
+def test_stale_section_never_half_used(vec, table):
+    # the stale section comes first; the current one after it decides
+    good = section(entries=[{"candidate": "testfam.simple", "spec": {"tile": {"block": 64}}}])
+    table([section(triton_version="0.0"), good])
+    with pytest.warns(TuningWarning):
+        assert select(vec[0](), "sm90").spec.tile.block == 64
+
+
+def test_tuning_entry_matching_no_valid_spec_warns(vec, table):
+    table(section(entries=[{"candidate": "testfam.simple", "spec": {"tile": {"block": 7}}}]))
+    with pytest.warns(TuningWarning, match="matches no valid spec"):
+        assert select(vec[0](), "sm90").decided_by == "priority"
+
+
+def test_malformed_tuning_table_warns(vec, table):
+    table({"entries": "nope"})
+    with pytest.warns(TuningWarning, match="malformed"):
+        assert select(vec[0](), "sm90").decided_by == "priority"
+
+
+def test_packaged_tuning_table_is_valid():
+    from importlib import resources
+
+    data = json.loads(resources.files("kreg.dispatch").joinpath("tuning.json").read_text())
+    sections = data if isinstance(data, list) else [data]
+    for s in sections:
+        assert {"target", "triton", "abi"} <= set(s["header"])
+        assert all("candidate" in e for e in s["entries"])
