@@ -34,7 +34,9 @@ def _bound(instance, attribute, value):
     if value is None:
         return
     if not isinstance(value, (int, float)) or not math.isfinite(value) or value >= 0:
-        raise ValueError(f"{attribute.name} must be a finite negative number or None, got {value!r}")
+        raise ValueError(
+            f"{attribute.name} must be a finite negative number or None, got {value!r}"
+        )
 
 
 def _bucket(n: int) -> int:

@@ -20,7 +20,10 @@ _TABLES = {"chunk_seq": "*i32", "seq_chunk": "*i32", "cu_seqlens": "*i64"}
 
 
 def _inputs(dtype: str) -> dict[str, str]:
-    return {n: f"*{dtype}" for n in ("q", "k", "v", "g", "beta")} | {"alog": "*fp32", "dtb": "*fp32"}
+    return {n: f"*{dtype}" for n in ("q", "k", "v", "g", "beta")} | {
+        "alog": "*fp32",
+        "dtb": "*fp32",
+    }
 
 
 def _tiles(dtype: str) -> dict[str, str]:
@@ -61,8 +64,10 @@ def build_kda_chunk_prep(spec: KdaTileSpec, target: Target) -> Artifact:
 @functools.lru_cache(maxsize=None)
 def build_kda_chunk_scan(spec: KdaScanSpec, target: Target) -> Artifact:
     signature = _tiles(spec.dtype) | _states(spec)
-    signature |= {"seq_chunk": "*i32", "cu_seqlens": "*i64", "T": "i32", "HV": "i32"}
-    constexprs = dict(K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk)
+    signature |= {"seq_chunk": "*i32", "cu_seqlens": "*i64", "T": "i32", "HV": "i32", "NSEG": "i32"}
+    if spec.segment_chunks:  # h0 then holds the segments' fp32 start states
+        signature["h0"] = "*fp32"
+    constexprs = dict(K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, SEG=spec.segment_chunks)
     constexprs |= _scan_constexprs(spec, spec.block_v)
     return compile_kernel(
         kernels.kda_chunk_scan_kernel, signature, constexprs, target,
@@ -79,4 +84,39 @@ def build_kda_chunk_fused(spec: KdaChunkFusedSpec, target: Target) -> Artifact:
     return compile_kernel(
         kernels.kda_chunk_fused_kernel, signature, constexprs, target,
         num_warps=tile.num_warps, num_stages=1,
+    )  # fmt: skip
+
+
+_SEGMENT = {"seq_chunk": "*i32", "cu_seqlens": "*i64", "T": "i32", "HV": "i32", "NSEG": "i32"}
+
+
+@functools.lru_cache(maxsize=None)
+def build_kda_segment_map(spec: KdaScanSpec, target: Target) -> Artifact | None:
+    """Sequence-parallel scan, pass 1 (None when the spec has no segments)."""
+    if not spec.segment_chunks:
+        return None
+    signature = _tiles(spec.dtype) | {"seg_map": "*fp32"} | _SEGMENT
+    constexprs = dict(K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, BV=spec.block_v,
+                      VARLEN=spec.varlen, SEG=spec.segment_chunks)  # fmt: skip
+    return compile_kernel(
+        kernels.kda_segment_map_kernel, signature, constexprs, target,
+        num_warps=spec.num_warps, num_stages=spec.num_stages,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=None)
+def build_kda_segment_combine(
+    spec: KdaScanSpec, target: Target, fp32_dot: str = "ieee"
+) -> Artifact | None:
+    """Sequence-parallel scan, pass 2 (None when the spec has no segments)."""
+    if not spec.segment_chunks:
+        return None
+    signature = {"seg_map": "*fp32", "seg_start": "*fp32", "h0": f"*{spec.state_dtype}"}
+    signature |= _SEGMENT
+    constexprs = dict(K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, BV=spec.block_v,
+                      USE_H0=spec.initial_state, STATE_VK=spec.state_layout == "vk",
+                      VARLEN=spec.varlen, SEG=spec.segment_chunks, FP32_DOT=fp32_dot)  # fmt: skip
+    return compile_kernel(
+        kernels.kda_segment_combine_kernel, signature, constexprs, target, num_warps=4,
+        num_stages=1,
     )  # fmt: skip

@@ -203,7 +203,9 @@ def _chunk_of(pid_c, T, chunk_seq, seq_chunk, cu_seqlens, C: tl.constexpr, VARLE
 
 
 @triton.jit
-def _tile_ptrs(base, cidx, hv, HV, R: tl.constexpr, S: tl.constexpr, col0=0, COLS: tl.constexpr = 0):
+def _tile_ptrs(
+    base, cidx, hv, HV, R: tl.constexpr, S: tl.constexpr, col0=0, COLS: tl.constexpr = 0
+):
     """Pointers to the [R, COLS or S] tile at column ``col0`` of (chunk, value head) in a
     chunk-major [NC, HV, R, S] buffer."""
     W: tl.constexpr = S if COLS == 0 else COLS
@@ -221,26 +223,21 @@ def _state_ptrs(base, idx, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, v
 
 
 @triton.jit
-def _recurrence(
-    q, k, v, g, beta, alog, dtb,
-    w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
-    o, h0, ht, hs,
-    seq_chunk, cu_seqlens,
-    T, H, HV, scale, lower_bound,
-    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr, BV: tl.constexpr,
-    GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
-    FP32_DOT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
-    STORE_HS: tl.constexpr, STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
-    FUSED: tl.constexpr, TILE_DT: tl.constexpr,
-):  # fmt: skip
-    """The serial recurrence of one (sequence, value head, V block): tiles loaded (split) or
-    computed on chip (fused, where BV == V), then the shared ``_scan_step``."""
-    pid_v = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    seq = pid_s // HV
-    hv = pid_s % HV
-    h = hv // (HV // H)
-    v0 = pid_v * BV
+def _load_tiles(w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, v0, load_u,
+                K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr):  # fmt: skip
+    """The stored tiles of chunk ``c``; u is the V block at ``v0`` (zeros unless ``load_u``)."""
+    w = tl.load(_tile_ptrs(w_t, c, hv, HV, C, K))
+    u = tl.load(_tile_ptrs(u_t, c, hv, HV, C, V, v0, BV), mask=load_u, other=0.0)
+    gq = tl.load(_tile_ptrs(gq_t, c, hv, HV, C, K))
+    aqk = tl.load(_tile_ptrs(aqk_t, c, hv, HV, C, C))
+    gkt = tl.load(_tile_ptrs(gkt_t, c, hv, HV, K, C))
+    dec = tl.load(dec_t + (c * HV + hv).to(tl.int64) * K + tl.arange(0, K))
+    return w, u, gq, aqk, gkt, dec
+
+
+@triton.jit
+def _seq_chunks(seq, T, seq_chunk, cu_seqlens, C: tl.constexpr, VARLEN: tl.constexpr):
+    """(first chunk, end chunk, first token, end token) of sequence ``seq``."""
     if VARLEN:
         c0 = tl.load(seq_chunk + seq)
         c1 = tl.load(seq_chunk + seq + 1)
@@ -252,7 +249,45 @@ def _recurrence(
         c1 = c0 + nt
         tok_start = seq * T
         tok_end = tok_start + T
-    if USE_H0:
+    return c0, c1, tok_start, tok_end
+
+
+@triton.jit
+def _recurrence(
+    q, k, v, g, beta, alog, dtb,
+    w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
+    o, h0, ht, hs,
+    seq_chunk, cu_seqlens,
+    T, H, HV, scale, lower_bound,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr, BV: tl.constexpr,
+    GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
+    FP32_DOT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+    STORE_HS: tl.constexpr, STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
+    FUSED: tl.constexpr, TILE_DT: tl.constexpr, SEG: tl.constexpr = 0, NSEG=1,
+):  # fmt: skip
+    """The serial recurrence of one (sequence, value head, V block): tiles loaded (split) or
+    computed on chip (fused, where BV == V), then the shared ``_scan_step``.
+
+    With ``SEG`` > 0 the program runs one segment of SEG chunks (grid axis 2), starting from the
+    state the combine kernel wrote to ``h0`` ([N, NSEG, HV, K, V] fp32).
+    """
+    pid_v = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    seq = pid_s // HV
+    hv = pid_s % HV
+    h = hv // (HV // H)
+    v0 = pid_v * BV
+    c0, c1, tok_start, tok_end = _seq_chunks(seq, T, seq_chunk, cu_seqlens, C, VARLEN)
+    last = True
+    if SEG > 0:  # this program's segment; its start state comes from the combine kernel
+        seg = tl.program_id(2)
+        n_seg = tl.cdiv(c1 - c0, SEG)
+        last = seg == tl.maximum(n_seg, 1) - 1  # an empty sequence: segment 0 keeps h0
+        tok_start += seg * SEG * C
+        c0 = c0 + seg * SEG
+        c1 = tl.minimum(c1, c0 + SEG)
+        s = tl.load(_state_ptrs(h0, (seq * NSEG + seg) * HV + hv, K, V, BV, v0, False))
+    elif USE_H0:
         s = tl.load(_state_ptrs(h0, pid_s, K, V, BV, v0, STATE_VK)).to(tl.float32)
     else:
         s = tl.zeros((K, BV), dtype=tl.float32)
@@ -275,17 +310,15 @@ def _recurrence(
             aqk = aqk.to(TILE_DT)
             gkt = gkt.to(TILE_DT)
         else:
-            w = tl.load(_tile_ptrs(w_t, c, hv, HV, C, K))
-            u = tl.load(_tile_ptrs(u_t, c, hv, HV, C, V, v0, BV))
-            gq = tl.load(_tile_ptrs(gq_t, c, hv, HV, C, K))
-            aqk = tl.load(_tile_ptrs(aqk_t, c, hv, HV, C, C))
-            gkt = tl.load(_tile_ptrs(gkt_t, c, hv, HV, K, C))
-            dec = tl.load(dec_t + (c * HV + hv).to(tl.int64) * K + tl.arange(0, K))
+            w, u, gq, aqk, gkt, dec = _load_tiles(
+                w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, v0, True, K, V, C, BV
+            )
         s, out = _scan_step(s, w, u, gq, aqk, gkt, dec)
         o_offs = (tok0 + rows).to(tl.int64)[:, None] * (HV * V) + hv * V + vcols[None, :]
         tl.store(o + o_offs, out.to(o.dtype.element_ty), mask=(rows < n)[:, None])
     if STORE_HT:
-        tl.store(_state_ptrs(ht, pid_s, K, V, BV, v0, STATE_VK), s.to(ht.dtype.element_ty))
+        tl.store(_state_ptrs(ht, pid_s, K, V, BV, v0, STATE_VK), s.to(ht.dtype.element_ty),
+                 mask=last)  # fmt: skip
 
 
 @triton.jit
@@ -321,17 +354,18 @@ def kda_chunk_scan_kernel(
     w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
     o, h0, ht, hs,
     seq_chunk, cu_seqlens,
-    T, HV,
+    T, HV, NSEG,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HS: tl.constexpr,
-    STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
+    STATE_VK: tl.constexpr, VARLEN: tl.constexpr, SEG: tl.constexpr,
 ):  # fmt: skip
-    """Split path, second kernel: the recurrence over stored tiles."""
+    """Split path, second kernel: the recurrence over stored tiles (one segment of it when
+    SEG > 0, h0 then holding the segments' start states)."""
     _recurrence(
         None, None, None, None, None, None, None,
         w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, o, h0, ht, hs, seq_chunk, cu_seqlens,
         T, 1, HV, 1.0, 0.0, K, V, C, C, BV, 0, False, False, "ieee",
-        USE_H0, STORE_HT, STORE_HS, STATE_VK, VARLEN, False, w_t.dtype.element_ty,
+        USE_H0, STORE_HT, STORE_HS, STATE_VK, VARLEN, False, w_t.dtype.element_ty, SEG, NSEG,
     )  # fmt: skip
 
 
@@ -353,3 +387,72 @@ def kda_chunk_fused_kernel(
         T, H, HV, scale, lower_bound, K, V, C, BS, BV, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
         USE_H0, STORE_HT, STORE_HS, STATE_VK, VARLEN, True, q.dtype.element_ty,
     )  # fmt: skip
+
+
+@triton.jit
+def kda_segment_map_kernel(
+    w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, seg_map,
+    seq_chunk, cu_seqlens,
+    T, HV, NSEG,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
+    VARLEN: tl.constexpr, SEG: tl.constexpr,
+):  # fmt: skip
+    """Sequence-parallel scan, pass 1: the affine map S_end = M S_start + N of one segment.
+
+    Runs the scan step on the augmented state [M | N] ([K, K + V], columns independent, one
+    BV block per program) from [I | 0]: M's columns see u = 0, N's columns the real u.
+    """
+    pid_v = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    seg = tl.program_id(2)
+    seq = pid_s // HV
+    hv = pid_s % HV
+    c0, c1, tok_start, tok_end = _seq_chunks(seq, T, seq_chunk, cu_seqlens, C, VARLEN)
+    n_seg = tl.cdiv(c1 - c0, SEG)
+    col0 = pid_v * BV
+    is_n = col0 >= K
+    v0 = tl.maximum(col0 - K, 0)
+    cols = col0 + tl.arange(0, BV)
+    s = tl.where((tl.arange(0, K)[:, None] == cols[None, :]), 1.0, 0.0)
+    first = c0 + seg * SEG
+    for c in tl.range(first, tl.minimum(c1, first + SEG)):
+        w, u, gq, aqk, gkt, dec = _load_tiles(
+            w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, v0, is_n, K, V, C, BV
+        )
+        s, out = _scan_step(s, w, u, gq, aqk, gkt, dec)  # out unused: dead code
+    base = ((seq * NSEG + seg) * HV + hv).to(tl.int64) * (K * (K + V))
+    offs = tl.arange(0, K)[:, None] * (K + V) + cols[None, :]
+    tl.store(seg_map + base + offs, s, mask=seg < n_seg)
+
+
+@triton.jit
+def kda_segment_combine_kernel(
+    seg_map, seg_start, h0,
+    seq_chunk, cu_seqlens,
+    T, HV, NSEG,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
+    USE_H0: tl.constexpr, STATE_VK: tl.constexpr, VARLEN: tl.constexpr, SEG: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):  # fmt: skip
+    """Sequence-parallel scan, pass 2: the short serial chain over segments that gives every
+    segment its true start state (S_next = M S + N), written to ``seg_start``."""
+    pid_v = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    seq = pid_s // HV
+    hv = pid_s % HV
+    v0 = pid_v * BV
+    c0, c1, tok_start, tok_end = _seq_chunks(seq, T, seq_chunk, cu_seqlens, C, VARLEN)
+    if USE_H0:
+        s = tl.load(_state_ptrs(h0, pid_s, K, V, BV, v0, STATE_VK)).to(tl.float32)
+    else:
+        s = tl.zeros((K, BV), dtype=tl.float32)
+    kk = tl.arange(0, K)
+    for seg in tl.range(0, tl.cdiv(c1 - c0, SEG)):
+        idx = (seq * NSEG + seg) * HV + hv
+        tl.store(_state_ptrs(seg_start, idx, K, V, BV, v0, False), s)
+        base = seg_map + idx.to(tl.int64) * (K * (K + V)) + kk[:, None] * (K + V)
+        m = tl.load(base + kk[None, :])
+        n = tl.load(base + K + v0 + tl.arange(0, BV)[None, :])
+        s = tl.dot(m, s, acc=n, input_precision=FP32_DOT)
+    empty = c1 == c0  # no segment: the scan's segment 0 carries the initial state through
+    tl.store(_state_ptrs(seg_start, seq * NSEG * HV + hv, K, V, BV, v0, False), s, mask=empty)

@@ -105,14 +105,48 @@ def run_split(call: Call, tile, scan):
     )  # fmt: skip
     o, ht, hs = _outputs(call, nc)
     n_states = call.q.shape[0] if call.cu_seqlens is None else call.cu_seqlens.numel() - 1
-    kernels.kda_chunk_scan_kernel[(V // scan.block_v, n_states * HV)](
-        w, u, gq, aqk, gkt, dec, o, call.initial_state, ht, hs, seq_chunk, call.cu_seqlens,
-        common["T"], HV, K=K, V=V, C=C, BV=scan.block_v,
+    tiles = (w, u, gq, aqk, gkt, dec)
+    scan_args = dict(
+        K=K, V=V, C=C, BV=scan.block_v, STATE_VK=call.state_layout == "vk",
+        VARLEN=call.cu_seqlens is not None,
+    )  # fmt: skip
+    h0, n_seg, seg = call.initial_state, 1, scan.segment_chunks
+    if seg:
+        h0, n_seg = _segment_starts(call, tiles, scan, seq_chunk, n_states, common["T"], scan_args,
+                                    tile.fp32_dot)  # fmt: skip
+    kernels.kda_chunk_scan_kernel[(V // scan.block_v, n_states * HV, n_seg)](
+        *tiles, o, h0, ht, hs, seq_chunk, call.cu_seqlens, common["T"], HV, n_seg,
         USE_H0=call.initial_state is not None, STORE_HT=ht is not None, STORE_HS=hs is not None,
-        STATE_VK=call.state_layout == "vk", VARLEN=call.cu_seqlens is not None,
-        num_warps=scan.num_warps, num_stages=scan.num_stages,
+        SEG=seg, num_warps=scan.num_warps, num_stages=scan.num_stages, **scan_args,
     )  # fmt: skip
     return o, ht, hs
+
+
+def _segment_starts(call: Call, tiles, scan, seq_chunk, n_states, T, scan_args, fp32_dot):
+    """Sequence-parallel scan, passes 1 and 2: each segment's affine map, then the serial chain
+    over segments. Returns (start states [N, NSEG, HV, K, V] fp32, NSEG)."""
+    HV, K, V, C = call.v.shape[2], scan_args["K"], scan_args["V"], scan_args["C"]
+    if call.cu_seqlens is None:
+        chunks = triton.cdiv(T, C)
+    elif call.cu_seqlens_host is not None:
+        chunks = int(((call.cu_seqlens_host.diff() + C - 1) // C).max())
+    else:
+        chunks = triton.cdiv(T, C)
+    n_seg = max(1, triton.cdiv(chunks, scan.segment_chunks))
+    dev = call.q.device
+    seg_map = torch.empty((n_states, n_seg, HV, K, K + V), dtype=torch.float32, device=dev)
+    starts = torch.empty((n_states, n_seg, HV, K, V), dtype=torch.float32, device=dev)
+    kernels.kda_segment_map_kernel[((K + V) // scan.block_v, n_states * HV, n_seg)](
+        *tiles, seg_map, seq_chunk, call.cu_seqlens, T, HV, n_seg,
+        SEG=scan.segment_chunks, num_warps=scan.num_warps, num_stages=scan.num_stages,
+        **{k: scan_args[k] for k in ("K", "V", "C", "BV", "VARLEN")},
+    )  # fmt: skip
+    kernels.kda_segment_combine_kernel[(V // scan.block_v, n_states * HV)](
+        seg_map, starts, call.initial_state, seq_chunk, call.cu_seqlens, T, HV, n_seg,
+        USE_H0=call.initial_state is not None, SEG=scan.segment_chunks, FP32_DOT=fp32_dot,
+        num_warps=4, num_stages=1, **scan_args,
+    )  # fmt: skip
+    return starts, n_seg
 
 
 def run_fused(call: Call, spec):

@@ -17,8 +17,17 @@ MAX_ANCHOR_NATS = 85.0
 HEAD_DIMS = (32, 64, 128, 256)
 CHUNKS = (16, 32, 64)
 SOLVE_BLOCKS = (16, 32)
-# (chunk, solve_block, num_warps) of the prep kernel worth enumerating
-TILE_SHAPES = ((16, 16, 4), (32, 16, 4), (32, 32, 4), (64, 16, 4), (64, 16, 8), (64, 32, 8))
+# (chunk, solve_block, num_warps) of the prep kernel worth enumerating, per head dim: larger
+# tiles at large head dims spill heavily and take minutes to compile (measured on sm90).
+TILE_SHAPES = {
+    32: ((16, 16, 4), (32, 16, 4), (32, 32, 4), (64, 16, 8), (64, 32, 8)),
+    64: ((16, 16, 4), (32, 16, 4), (32, 32, 4), (64, 16, 8), (64, 32, 8)),
+    128: ((16, 16, 4), (32, 16, 4), (32, 16, 8), (64, 16, 8)),
+    256: ((16, 16, 4), (16, 16, 8), (32, 16, 8)),
+}
+# Software pipelining depth of the scan's tile loads: AMD's LDS is smaller.
+SCAN_STAGES_BY_BACKEND = {"cuda": 2, "hip": 1}
+SEGMENT_CHUNKS = (0, 16)
 FP32_DOT_BY_BACKEND = {"cuda": ("tf32", "tf32x3", "ieee"), "hip": ("ieee",)}
 
 
@@ -63,6 +72,9 @@ class KdaScanSpec:
     # Programs that must fit on one SM / CU at once: the seed's measured conclusion is that the
     # latency-bound recurrence needs a second resident program to hide its dependency chain.
     min_occupancy: int = 2
+    # Sequence-parallel scan: chunks per segment (0: one serial chain per sequence). Segments
+    # get their start states from a per-segment affine map and a short serial combine.
+    segment_chunks: int = 0
     initial_state: bool = False
     state_dtype: str = "fp32"
     output_final_state: bool = False
@@ -72,6 +84,10 @@ class KdaScanSpec:
 
     def shared_bytes_estimate(self) -> int:
         return _scan_phase_bytes(self, self.block_v, self.num_stages)
+
+    def combine_shared_bytes_estimate(self) -> int:
+        """The segment combine kernel stages one [K, K] map and two [K, BV] blocks in fp32."""
+        return 4 * self.head_dim_k * (self.head_dim_k + 2 * self.block_v)
 
 
 @attrs.frozen
@@ -110,9 +126,7 @@ def _tile_phase_bytes(s: KdaTileSpec) -> int:
 
 def _scan_phase_bytes(s: KdaScanSpec, bv: int, stages: int) -> int:
     c, k = s.chunk, s.head_dim_k
-    esize = DTYPE_BYTES[s.dtype]
-    operands = esize * (3 * c * k + c * c + c * bv + k * bv)
-    return stages * operands + 4 * c * bv
+    return 2 * stages * DTYPE_BYTES[s.dtype] * (2 * c * k + c * bv + k * bv)
 
 
 # --- enumeration ---------------------------------------------------------------------------------
@@ -121,20 +135,29 @@ def _scan_phase_bytes(s: KdaScanSpec, bv: int, stages: int) -> int:
 def enumerate_tile_specs(target: Target) -> list[KdaTileSpec]:
     return [
         KdaTileSpec(
-            head_dim_k=d, head_dim_v=d, chunk=c, solve_block=b, num_warps=w,
+            head_dim_k=d,
+            head_dim_v=d,
+            chunk=c,
+            solve_block=b,
+            num_warps=w,
             fp32_dot=FP32_DOT_BY_BACKEND[target.backend][0],
         )  # fmt: skip
         for d in HEAD_DIMS
-        for c, b, w in TILE_SHAPES
+        for c, b, w in TILE_SHAPES[d]
     ]
 
 
 def enumerate_scan_specs(target: Target) -> list[KdaScanSpec]:
+    stages = SCAN_STAGES_BY_BACKEND[target.backend]
     return [
-        KdaScanSpec(head_dim_k=d, head_dim_v=d, chunk=c, block_v=bv)
+        KdaScanSpec(
+            head_dim_k=d, head_dim_v=d, chunk=c, block_v=bv, num_stages=stages, segment_chunks=seg
+        )  # fmt: skip
         for d in HEAD_DIMS
         for c in CHUNKS
-        for bv in sorted({min(64, d), d})
+        if any(t[0] == c for t in TILE_SHAPES[d])
+        for bv in sorted({32, min(64, d)})
+        for seg in SEGMENT_CHUNKS
     ]
 
 
@@ -152,7 +175,8 @@ def enumerate_split_specs(target: Target) -> list[KdaSplitSpec]:
 def enumerate_fused_specs(target: Target) -> list[KdaChunkFusedSpec]:
     return [
         KdaChunkFusedSpec(t, KdaScanSpec(t.head_dim_k, t.head_dim_v, t.dtype, t.chunk,
-                                         block_v=t.head_dim_v, num_warps=t.num_warps))
+                                         block_v=t.head_dim_v, num_warps=t.num_warps,
+                                         num_stages=1))
         for t in enumerate_tile_specs(target)
     ]  # fmt: skip
 
@@ -215,6 +239,11 @@ def is_valid_scan_spec(spec: KdaScanSpec, target: Target, problem=None) -> Verdi
         (spec.min_occupancy >= 1, f"min_occupancy={spec.min_occupancy} must be >= 1"),
         (spec.state_layout in ("kv", "vk"), f"state_layout={spec.state_layout!r} not kv or vk"),
         (spec.state_dtype in ("fp32", "bf16"), f"state_dtype={spec.state_dtype!r} not fp32/bf16"),
+        (spec.segment_chunks >= 0, f"segment_chunks={spec.segment_chunks} must be >= 0"),
+        (not spec.segment_chunks
+         or spec.combine_shared_bytes_estimate() <= target.shared_mem_per_block,
+         f"segment combine shared memory estimate {spec.combine_shared_bytes_estimate()} B > "
+         f"{target.shared_mem_per_block} B per block on {target.name}"),
         (est <= budget,
          f"shared memory estimate {est} B > {budget} B, the {target.name} per-unit budget "
          f"{target.shared_mem_per_unit} B / min_occupancy {spec.min_occupancy}: fits the hardware "
@@ -242,14 +271,25 @@ def is_valid_fused_spec(spec: KdaChunkFusedSpec, target: Target, problem=None) -
         is_valid_tile_spec(t, target, problem)
         & _pairing_rule(t, s)
         & Verdict.check(
-            (s.block_v == s.head_dim_v,
-             f"fused block_v={s.block_v} must equal head_dim_v={s.head_dim_v}"),
-            (s.num_warps == t.num_warps,
-             f"fused runs one kernel: scan num_warps={s.num_warps} must equal tile "
-             f"num_warps={t.num_warps}"),
-            (est <= budget,
-             f"shared memory estimate {est} B > {budget} B ({target.name} per-unit budget / "
-             f"min_occupancy {s.min_occupancy})"),
+            (
+                s.block_v == s.head_dim_v,
+                f"fused block_v={s.block_v} must equal head_dim_v={s.head_dim_v}",
+            ),
+            (
+                s.segment_chunks == 0,
+                f"fused runs one serial chain per sequence: segment_chunks={s.segment_chunks} "
+                f"must be 0",
+            ),
+            (
+                s.num_warps == t.num_warps,
+                f"fused runs one kernel: scan num_warps={s.num_warps} must equal tile "
+                f"num_warps={t.num_warps}",
+            ),
+            (
+                est <= budget,
+                f"shared memory estimate {est} B > {budget} B ({target.name} per-unit budget / "
+                f"min_occupancy {s.min_occupancy})",
+            ),
         )  # fmt: skip
     )
 
