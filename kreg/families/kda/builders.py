@@ -51,17 +51,18 @@ def _scan_constexprs(spec: KdaScanSpec, block_v: int) -> dict:
     )  # fmt: skip
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def build_kda_chunk_prep(spec: KdaTileSpec, target: Target) -> Artifact:
     signature = _inputs(spec.dtype) | _tiles(spec.dtype) | _TABLES | _SCALARS
     constexprs = _tile_constexprs(spec) | {"VARLEN": spec.varlen}
+    constexprs |= {"LOOPED": spec.looped, "BALLAST": spec.ballast_bytes}
     return compile_kernel(
         kernels.kda_chunk_prep_kernel, signature, constexprs, target,
         num_warps=spec.num_warps, num_stages=1,
     )  # fmt: skip
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def build_kda_chunk_scan(spec: KdaScanSpec, target: Target) -> Artifact:
     signature = _tiles(spec.dtype) | _states(spec)
     signature |= {"seq_chunk": "*i32", "cu_seqlens": "*i64", "T": "i32", "HV": "i32", "NSEG": "i32"}
@@ -75,12 +76,13 @@ def build_kda_chunk_scan(spec: KdaScanSpec, target: Target) -> Artifact:
     )  # fmt: skip
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def build_kda_chunk_fused(spec: KdaChunkFusedSpec, target: Target) -> Artifact:
     tile, scan = spec.tile, spec.scan
     signature = _inputs(tile.dtype) | _states(scan)
     signature |= {"seq_chunk": "*i32", "cu_seqlens": "*i64"} | _SCALARS
     constexprs = _tile_constexprs(tile) | _scan_constexprs(scan, scan.block_v)
+    constexprs["ABLATE_SCAN"] = spec.ablate_scan
     return compile_kernel(
         kernels.kda_chunk_fused_kernel, signature, constexprs, target,
         num_warps=tile.num_warps, num_stages=1,
@@ -90,7 +92,7 @@ def build_kda_chunk_fused(spec: KdaChunkFusedSpec, target: Target) -> Artifact:
 _SEGMENT = {"seq_chunk": "*i32", "cu_seqlens": "*i64", "T": "i32", "HV": "i32", "NSEG": "i32"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def build_kda_segment_map(spec: KdaScanSpec, target: Target) -> Artifact | None:
     """Sequence-parallel scan, pass 1 (None when the spec has no segments)."""
     if not spec.segment_chunks:
@@ -104,7 +106,7 @@ def build_kda_segment_map(spec: KdaScanSpec, target: Target) -> Artifact | None:
     )  # fmt: skip
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def build_kda_segment_combine(
     spec: KdaScanSpec, target: Target, fp32_dot: str = "ieee"
 ) -> Artifact | None:

@@ -264,6 +264,7 @@ def _recurrence(
     FP32_DOT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
     STORE_HS: tl.constexpr, STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
     FUSED: tl.constexpr, TILE_DT: tl.constexpr, SEG: tl.constexpr = 0, NSEG=1,
+    ABLATE_SCAN: tl.constexpr = False,
 ):  # fmt: skip
     """The serial recurrence of one (sequence, value head, V block): tiles loaded (split) or
     computed on chip (fused, where BV == V), then the shared ``_scan_step``.
@@ -313,12 +314,42 @@ def _recurrence(
             w, u, gq, aqk, gkt, dec = _load_tiles(
                 w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, v0, True, K, V, C, BV
             )
-        s, out = _scan_step(s, w, u, gq, aqk, gkt, dec)
+        if ABLATE_SCAN:  # case-study probe: the tile phase alone, every tile still consumed
+            fold = tl.sum(w.to(tl.float32), 1) + tl.sum(gq.to(tl.float32), 1)
+            fold += tl.sum(aqk.to(tl.float32), 1) + tl.sum(gkt.to(tl.float32), 0)
+            out = u.to(tl.float32) + (fold + tl.sum(dec))[:, None]
+        else:
+            s, out = _scan_step(s, w, u, gq, aqk, gkt, dec)
         o_offs = (tok0 + rows).to(tl.int64)[:, None] * (HV * V) + hv * V + vcols[None, :]
         tl.store(o + o_offs, out.to(o.dtype.element_ty), mask=(rows < n)[:, None])
     if STORE_HT:
         tl.store(_state_ptrs(ht, pid_s, K, V, BV, v0, STATE_VK), s.to(ht.dtype.element_ty),
                  mask=last)  # fmt: skip
+
+
+@triton.jit
+def _store_tiles(w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, w, u, gq, aqk, gkt, dec,
+                 K: tl.constexpr, V: tl.constexpr, C: tl.constexpr):  # fmt: skip
+    dt = w_t.dtype.element_ty
+    tl.store(_tile_ptrs(w_t, c, hv, HV, C, K), w.to(dt))
+    tl.store(_tile_ptrs(u_t, c, hv, HV, C, V), u.to(dt))
+    tl.store(_tile_ptrs(gq_t, c, hv, HV, C, K), gq.to(dt))
+    tl.store(_tile_ptrs(aqk_t, c, hv, HV, C, C), aqk.to(dt))
+    tl.store(_tile_ptrs(gkt_t, c, hv, HV, K, C), gkt.to(dt))
+    tl.store(dec_t + (c * HV + hv).to(tl.int64) * K + tl.arange(0, K), dec)
+
+
+@triton.jit
+def _ballast(x, BALLAST: tl.constexpr):
+    """Case-study probe: stage a [16, BALLAST // 32] fp16 operand of a tiny product through
+    shared memory (BALLAST bytes), so fewer programs fit per SM; adds exactly 0 to ``x``."""
+    if BALLAST > 0:
+        N: tl.constexpr = BALLAST // 32
+        x0 = tl.sum(x)  # runtime data, so the product cannot be folded away
+        a = (tl.arange(0, 16)[:, None] + tl.arange(0, 16)[None, :] + x0).to(tl.float16)
+        b = (tl.arange(0, 16)[:, None] * N + tl.arange(0, N)[None, :] + x0).to(tl.float16)
+        x = x + 0.0 * tl.sum(tl.dot(a, b))
+    return x
 
 
 @triton.jit
@@ -330,23 +361,52 @@ def kda_chunk_prep_kernel(
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, VARLEN: tl.constexpr,
+    LOOPED: tl.constexpr = False, BALLAST: tl.constexpr = 0,
 ):  # fmt: skip
-    """Split path, first kernel: the tiles of one chunk x value head, stored chunk-major."""
-    pid_c = tl.program_id(0)
+    """Split path, first kernel: the tiles of one chunk x value head, stored chunk-major.
+
+    Case-study probes (off by default): ``LOOPED`` makes each program walk all chunks of one
+    (sequence, value head) in order, as the fused kernel does, still writing tiles to memory;
+    ``BALLAST`` adds unused shared memory to lower the programs resident per SM.
+    """
     hv = tl.program_id(1)
-    tok0, n = _chunk_of(pid_c, T, chunk_seq, seq_chunk, cu_seqlens, C, VARLEN)
+    h = hv // (HV // H)
+    if LOOPED:
+        seq = tl.program_id(0)
+        c0, c1, tok_start, tok_end = _seq_chunks(seq, T, seq_chunk, cu_seqlens, C, VARLEN)
+        for c in tl.range(c0, c1):
+            tok0 = tok_start + (c - c0) * C
+            _prep_chunk(
+                q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, tok0,
+                tl.minimum(tok_end - tok0, C), h, hv, H, HV, scale, lower_bound,
+                K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST,
+            )  # fmt: skip
+    else:
+        c = tl.program_id(0)
+        tok0, n = _chunk_of(c, T, chunk_seq, seq_chunk, cu_seqlens, C, VARLEN)
+        _prep_chunk(
+            q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, tok0, n,
+            h, hv, H, HV, scale, lower_bound,
+            K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST,
+        )  # fmt: skip
+
+
+@triton.jit
+def _prep_chunk(
+    q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, tok0, n,
+    h, hv, H, HV, scale, lower_bound,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
+    GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
+    FP32_DOT: tl.constexpr, BALLAST: tl.constexpr,
+):  # fmt: skip
     if n > 0:
         w, u, gq, aqk, gkt, dec = _chunk_tiles(
-            q, k, v, g, beta, alog, dtb, tok0, n, hv // (HV // H), hv, H, HV, scale,
-            lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
+            q, k, v, g, beta, alog, dtb, tok0, n, h, hv, H, HV, scale, lower_bound,
+            K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
         )  # fmt: skip
-        dt = w_t.dtype.element_ty
-        tl.store(_tile_ptrs(w_t, pid_c, hv, HV, C, K), w.to(dt))
-        tl.store(_tile_ptrs(u_t, pid_c, hv, HV, C, V), u.to(dt))
-        tl.store(_tile_ptrs(gq_t, pid_c, hv, HV, C, K), gq.to(dt))
-        tl.store(_tile_ptrs(aqk_t, pid_c, hv, HV, C, C), aqk.to(dt))
-        tl.store(_tile_ptrs(gkt_t, pid_c, hv, HV, K, C), gkt.to(dt))
-        tl.store(dec_t + (pid_c * HV + hv).to(tl.int64) * K + tl.arange(0, K), dec)
+        dec = _ballast(dec, BALLAST)
+        _store_tiles(w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, w, u, gq, aqk, gkt, dec,
+                     K, V, C)  # fmt: skip
 
 
 @triton.jit
@@ -379,13 +439,18 @@ def kda_chunk_fused_kernel(
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
     STORE_HS: tl.constexpr, STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
+    ABLATE_SCAN: tl.constexpr = False,
 ):  # fmt: skip
-    """Fused path: tiles computed on chip, chunk after chunk, inside the recurrence."""
+    """Fused path: tiles computed on chip, chunk after chunk, inside the recurrence.
+
+    ``ABLATE_SCAN`` (case-study probe, off by default) replaces the scan step by a cheap fold of
+    every tile into the output, timing the tile phase alone."""
     _recurrence(
         q, k, v, g, beta, alog, dtb,
         None, None, None, None, None, None, o, h0, ht, hs, seq_chunk, cu_seqlens,
         T, H, HV, scale, lower_bound, K, V, C, BS, BV, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
-        USE_H0, STORE_HT, STORE_HS, STATE_VK, VARLEN, True, q.dtype.element_ty,
+        USE_H0, STORE_HT, STORE_HS, STATE_VK, VARLEN, True, q.dtype.element_ty, 0, 1,
+        ABLATE_SCAN,
     )  # fmt: skip
 
 

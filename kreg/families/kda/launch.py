@@ -86,9 +86,19 @@ def _inputs(call: Call):
     return (call.q, call.k, call.v, call.g, call.beta, call.A_log, call.dt_bias)
 
 
+def _n_states(call: Call) -> int:
+    return call.q.shape[0] if call.cu_seqlens is None else call.cu_seqlens.numel() - 1
+
+
 def run_split(call: Call, tile, scan):
     """Prep kernel then scan kernel. Returns (o, final_state, chunk_states)."""
-    seq_chunk, chunk_seq, nc = chunk_tables(call, tile.chunk)
+    tables = chunk_tables(call, tile.chunk)
+    return run_scan(call, tile, scan, tables, run_prep(call, tile, tables))
+
+
+def run_prep(call: Call, tile, tables):
+    """The prep kernel alone: returns the tiles (w, u, gq, aqk, gkt, dec), chunk-major."""
+    seq_chunk, chunk_seq, nc = tables
     HV, K, V, C = call.v.shape[2], call.k.shape[-1], call.v.shape[-1], tile.chunk
     dev, dt = call.q.device, call.q.dtype
     w = torch.empty((nc, HV, C, K), dtype=dt, device=dev)
@@ -97,25 +107,31 @@ def run_split(call: Call, tile, scan):
     aqk = torch.empty((nc, HV, C, C), dtype=dt, device=dev)
     gkt = torch.empty((nc, HV, K, C), dtype=dt, device=dev)
     dec = torch.empty((nc, HV, K), dtype=torch.float32, device=dev)
-    common = _common(call)
-    kernels.kda_chunk_prep_kernel[(nc, HV)](
+    kernels.kda_chunk_prep_kernel[(_n_states(call) if tile.looped else nc, HV)](
         *_inputs(call), w, u, gq, aqk, gkt, dec, chunk_seq, seq_chunk, call.cu_seqlens,
-        **common, C=C, BS=tile.solve_block, FP32_DOT=tile.fp32_dot,
-        VARLEN=call.cu_seqlens is not None, num_warps=tile.num_warps, num_stages=1,
+        **_common(call), C=C, BS=tile.solve_block, FP32_DOT=tile.fp32_dot,
+        VARLEN=call.cu_seqlens is not None, LOOPED=tile.looped, BALLAST=tile.ballast_bytes,
+        num_warps=tile.num_warps, num_stages=1,
     )  # fmt: skip
+    return w, u, gq, aqk, gkt, dec
+
+
+def run_scan(call: Call, tile, scan, tables, tiles):
+    """The scan (and, with segments, its map and combine kernels) over stored tiles."""
+    seq_chunk, _, nc = tables
+    HV, K, V, T = call.v.shape[2], call.k.shape[-1], call.v.shape[-1], call.q.shape[1]
+    n_states = _n_states(call)
     o, ht, hs = _outputs(call, nc)
-    n_states = call.q.shape[0] if call.cu_seqlens is None else call.cu_seqlens.numel() - 1
-    tiles = (w, u, gq, aqk, gkt, dec)
     scan_args = dict(
-        K=K, V=V, C=C, BV=scan.block_v, STATE_VK=call.state_layout == "vk",
+        K=K, V=V, C=tile.chunk, BV=scan.block_v, STATE_VK=call.state_layout == "vk",
         VARLEN=call.cu_seqlens is not None,
     )  # fmt: skip
     h0, n_seg, seg = call.initial_state, 1, scan.segment_chunks
     if seg:
-        h0, n_seg = _segment_starts(call, tiles, scan, seq_chunk, n_states, common["T"], scan_args,
+        h0, n_seg = _segment_starts(call, tiles, scan, seq_chunk, n_states, T, scan_args,
                                     tile.fp32_dot)  # fmt: skip
     kernels.kda_chunk_scan_kernel[(V // scan.block_v, n_states * HV, n_seg)](
-        *tiles, o, h0, ht, hs, seq_chunk, call.cu_seqlens, common["T"], HV, n_seg,
+        *tiles, o, h0, ht, hs, seq_chunk, call.cu_seqlens, T, HV, n_seg,
         USE_H0=call.initial_state is not None, STORE_HT=ht is not None, STORE_HS=hs is not None,
         SEG=seg, num_warps=scan.num_warps, num_stages=scan.num_stages, **scan_args,
     )  # fmt: skip
@@ -155,12 +171,13 @@ def run_fused(call: Call, spec):
     seq_chunk, _, nc = chunk_tables(call, tile.chunk)
     HV, V = call.v.shape[2], call.v.shape[-1]
     o, ht, hs = _outputs(call, nc)
-    n_states = call.q.shape[0] if call.cu_seqlens is None else call.cu_seqlens.numel() - 1
+    n_states = _n_states(call)
     kernels.kda_chunk_fused_kernel[(1, n_states * HV)](
         *_inputs(call), o, call.initial_state, ht, hs, seq_chunk, call.cu_seqlens,
         **_common(call), C=tile.chunk, BS=tile.solve_block, BV=V, FP32_DOT=tile.fp32_dot,
         USE_H0=call.initial_state is not None, STORE_HT=ht is not None, STORE_HS=hs is not None,
         STATE_VK=call.state_layout == "vk", VARLEN=call.cu_seqlens is not None,
         num_warps=tile.num_warps, num_stages=1,
+        ABLATE_SCAN=spec.ablate_scan,
     )  # fmt: skip
     return o, ht, hs

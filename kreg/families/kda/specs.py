@@ -27,7 +27,7 @@ TILE_SHAPES = {
 }
 # Software pipelining depth of the scan's tile loads: AMD's LDS is smaller.
 SCAN_STAGES_BY_BACKEND = {"cuda": 2, "hip": 1}
-SEGMENT_CHUNKS = (0, 16)
+SEGMENT_CHUNKS = (0, 16, 64)
 FP32_DOT_BY_BACKEND = {"cuda": ("tf32", "tf32x3", "ieee"), "hip": ("ieee",)}
 
 
@@ -52,10 +52,14 @@ class KdaTileSpec:
     qk_l2norm: bool = False
     beta_sigmoid: bool = False
     varlen: bool = False
+    # Case-study probes (docs/kda/CASE_STUDY.md), off by default: walk a sequence's chunks in one
+    # program (as fused does), and unused shared memory that lowers programs per SM.
+    looped: bool = False
+    ballast_bytes: int = 0
 
     def shared_bytes_estimate(self) -> int:
         """Upper bound of the shared memory Triton allocates for this kernel."""
-        return _tile_phase_bytes(self)
+        return _tile_phase_bytes(self) + self.ballast_bytes
 
 
 @attrs.frozen
@@ -100,6 +104,9 @@ class KdaChunkFusedSpec:
 
     tile: KdaTileSpec = KdaTileSpec()
     scan: KdaScanSpec = KdaScanSpec(block_v=128)
+    # Case-study probe, off by default: replace the scan step by a fold of the tiles (the tile
+    # phase alone, still consuming every tile so none is dead code).
+    ablate_scan: bool = False
 
     def shared_bytes_estimate(self) -> int:
         return max(_tile_phase_bytes(self.tile), _scan_phase_bytes(self.scan, self.scan.block_v, 1))
@@ -215,6 +222,8 @@ def is_valid_tile_spec(spec: KdaTileSpec, target: Target, problem=None) -> Verdi
         (spec.solve_block <= spec.chunk and spec.chunk % spec.solve_block == 0,
          f"solve_block={spec.solve_block} must divide chunk={spec.chunk}"),
         (spec.num_warps in (1, 2, 4, 8, 16), f"num_warps={spec.num_warps} not a power of 2 <= 16"),
+        (spec.ballast_bytes == 0 or (_pow2(spec.ballast_bytes) and spec.ballast_bytes >= 512),
+         f"ballast_bytes={spec.ballast_bytes} must be 0 or a power of 2 >= 512"),
         (spec.fp32_dot in FP32_DOT_BY_BACKEND[target.backend],
          f"fp32_dot={spec.fp32_dot!r} not available on {target.name} "
          f"(allowed: {FP32_DOT_BY_BACKEND[target.backend]})"),
@@ -271,6 +280,10 @@ def is_valid_fused_spec(spec: KdaChunkFusedSpec, target: Target, problem=None) -
         is_valid_tile_spec(t, target, problem)
         & _pairing_rule(t, s)
         & Verdict.check(
+            (
+                not (t.looped or t.ballast_bytes),
+                "fused takes no prep-kernel probes (looped, ballast_bytes)",
+            ),
             (
                 s.block_v == s.head_dim_v,
                 f"fused block_v={s.block_v} must equal head_dim_v={s.head_dim_v}",
