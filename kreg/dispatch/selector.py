@@ -129,7 +129,10 @@ def _select(registry, problem, target, algorithm, allow_opt_in) -> Selection:
 
     winner = None
     for c, specs in passed:
-        if winner is not None:
+        if c.opt_in and not allow_opt_in and pinned is None:
+            # said first: an opt-in candidate never wins under "auto", whatever it ranks
+            trace.append(TraceEntry(c.name, "ranked", False, f"opt-in: {c.opt_in_reason}"))
+        elif winner is not None:
             trace.append(
                 TraceEntry(
                     c.name,
@@ -140,8 +143,6 @@ def _select(registry, problem, target, algorithm, allow_opt_in) -> Selection:
                     else f"outranked by {winner[0].name} (same priority {c.priority}, by name)",
                 )
             )
-        elif c.opt_in and not allow_opt_in and pinned is None:
-            trace.append(TraceEntry(c.name, "ranked", False, f"opt-in: {c.opt_in_reason}"))
         else:
             family = registry.families[c.family]
             spec, decided_by = ranker.choose_spec(c, family, specs, problem, target)
