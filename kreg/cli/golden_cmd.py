@@ -56,6 +56,10 @@ def run(args) -> int:
         return 0 if outcome.ok else 1
     try:
         _, changes = golden.update(reg, path, jobs=args.jobs, plugins=plugins, progress=progress)
+    except golden.CompileFailed as e:
+        print(str(e), file=sys.stderr)
+        print(f"{path} not written", file=sys.stderr)
+        return 1
     except ValueError as e:
         raise CliError(str(e)) from e
     for line in changes:
@@ -72,6 +76,8 @@ def _diff(golden, reg, args) -> int:
         current = golden.case_ir(reg, args.case, **options)
     except KeyError as e:
         raise CliError(e.args[0]) from e
+    except Exception as e:  # a kernel that does not compile
+        raise CliError(f"building {args.case!r}: {golden._error_line(e)}") from e
     if not current:
         raise CliError(f"nothing selected for case {args.case!r} with {options}")
     if args.against is None:

@@ -133,7 +133,8 @@ def _tile_phase_bytes(s: KdaTileSpec) -> int:
 
 def _scan_phase_bytes(s: KdaScanSpec, bv: int, stages: int) -> int:
     c, k = s.chunk, s.head_dim_k
-    return 2 * stages * DTYPE_BYTES[s.dtype] * (2 * c * k + c * bv + k * bv)
+    # an unknown dtype is a rule's reason, not an error here: count it at 4 bytes
+    return 2 * stages * DTYPE_BYTES.get(s.dtype, 4) * (2 * c * k + c * bv + k * bv)
 
 
 # --- enumeration ---------------------------------------------------------------------------------
@@ -336,7 +337,9 @@ def _problem_fields(problem) -> tuple[dict, dict]:
 
 
 def _matches(spec, problem) -> bool:
-    return (spec.head_dim_k, spec.head_dim_v) == (problem.head_dim_k, problem.head_dim_v)
+    """Enumerations vary the head dim as K = V; a problem with K != V takes the specs of its K,
+    with V filled in (the rules then check V and the V blocks against it)."""
+    return spec.head_dim_k == problem.head_dim_k
 
 
 def specialize_split(spec: KdaSplitSpec, problem) -> KdaSplitSpec | None:

@@ -1,0 +1,43 @@
+"""``kreg docs --write | --check``: the generated blocks of docs/index.md and the family pages.
+
+``--write`` regenerates every ``<!-- generated: NAME -->`` block (hand-written prose around them
+is kept; a missing page is created from a template); ``--check`` exits 1 when one is stale.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ._util import registry
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("docs", help="write or check the generated documentation")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true", help="regenerate the generated blocks")
+    mode.add_argument("--check", action="store_true", help="exit 1 if a generated block is stale")
+    p.add_argument("--root", type=Path, help="repository root holding docs/ (default: kreg's)")
+    return p
+
+
+def run(args) -> int:
+    from kreg import docsgen
+
+    reg = registry()
+    root = (args.root or docsgen.ROOT).resolve()
+    if args.check:
+        problems = docsgen.stale(reg, root)
+        for line in problems:
+            print(line, file=sys.stderr)
+        if problems:
+            print(f"run `{docsgen.WRITE_COMMAND}`", file=sys.stderr)
+            return 1
+        print("docs are up to date")
+        return 0
+    written = docsgen.write(reg, root)
+    for path in written:
+        print(f"wrote {path.relative_to(root)}")
+    if not written:
+        print("docs are up to date")
+    return 0

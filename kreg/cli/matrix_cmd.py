@@ -1,0 +1,36 @@
+"""``kreg matrix [--write | --check]``: the support matrix, derived from the registered rules.
+
+Without an option it prints the matrix; ``--write`` writes ``SUPPORT_MATRIX.md`` at the
+repository root; ``--check`` exits 1 when that file is stale.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ._util import registry
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("matrix", help="print, write or check SUPPORT_MATRIX.md")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="write SUPPORT_MATRIX.md")
+    mode.add_argument("--check", action="store_true", help="exit 1 if SUPPORT_MATRIX.md is stale")
+    p.add_argument("--file", type=Path, help="matrix file (default: SUPPORT_MATRIX.md at the root)")
+    return p
+
+
+def run(args) -> int:
+    from kreg import matrix
+
+    reg = registry()
+    if args.check:
+        ok, message = matrix.check(reg, args.file)
+        print(message, file=sys.stdout if ok else sys.stderr)
+        return 0 if ok else 1
+    if args.write:
+        print(f"wrote {matrix.write(reg, args.file)}")
+        return 0
+    print(matrix.render(reg), end="")
+    return 0

@@ -1,0 +1,429 @@
+"""The support matrix: what every candidate claims on every target, derived from its rules.
+
+Nothing here is hand-maintained. Per family × candidate × target the claims come from the
+candidate's own enumeration and validity rules: every enumerated spec valid on the target
+(hardware rules) is specialised to probe problems (each dtype and head dim, then each option of
+the problem type turned on) and validated against the problem; a (dtype, head dim, chunk)
+cell, a gate activation or an option is claimed when some specialised spec is valid. Probed
+values that nothing serves are listed with the reason. ``kreg matrix --write`` renders it to
+``SUPPORT_MATRIX.md``; ``kreg matrix --check`` fails when that file is stale.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from kreg.registry.model import Candidate, Target, Verdict
+
+ROOT = Path(__file__).resolve().parents[1]
+MATRIX_FILE = "SUPPORT_MATRIX.md"
+WRITE_COMMAND = "kreg matrix --write"
+# Head dims probed (K = V): the supported ones must show up, the others are reported unclaimed.
+PROBE_HEAD_DIMS = (16, 32, 48, 64, 96, 128, 192, 256, 512)
+
+VERIFICATION = {
+    "gpu": "GPU-verified (numerics run on hardware by the GPU lane)",
+    "compile": "compiled + golden-hashed (never executed here)",
+}
+INTERPRETER = "interpreter-verified (CPU)"
+
+
+def default_path() -> Path:
+    return ROOT / MATRIX_FILE
+
+
+# --- probes: problem variations per problem type ------------------------------------------------
+
+
+@attrs.frozen
+class Option:
+    column: str  # matrix column it is reported in
+    label: str
+    overrides: dict  # problem fields set to probe it
+
+
+@attrs.frozen
+class Probe:
+    """How to build probe problems of one problem type."""
+
+    dtypes: tuple[str, ...]
+    make: Callable[[str, int], Any]  # (dtype, head_dim) -> problem, or raises ValueError
+    options: tuple[Option, ...]
+
+
+def _linear_attention_probe() -> tuple[type, Probe]:
+    from kreg.problems import linear_attention as la
+
+    def make(dtype: str, head_dim: int):
+        return la.LinearAttentionProblem.from_options({"K": head_dim, "dtype": dtype})
+
+    options = [
+        Option("gate activations", act, {"gate_activation": act}
+               | ({"gate_lower_bound": None} if act == "softplus" else {}))
+        for act in la.GATE_ACTIVATIONS
+    ]  # fmt: skip
+    options += [
+        Option("options", "qk_l2norm", {"qk_l2norm": True}),
+        Option("options", "beta_sigmoid", {"beta_sigmoid": True}),
+        Option("options", "varlen", {"varlen": True, "num_seqs": 4}),
+        Option("options", "unbounded gates", {"gate_lower_bound": None}),
+    ]
+    options += [
+        Option("states / layouts", f"initial_state ({sd})",
+               {"initial_state": True, "state_dtype": sd})
+        for sd in la.STATE_DTYPES
+    ]  # fmt: skip
+    options += [
+        Option("states / layouts", "output_final_state", {"output_final_state": True}),
+        Option("states / layouts", "output_chunk_states", {"output_chunk_states": True}),
+    ]
+    options += [
+        Option("states / layouts", f"layout {layout}", {"state_layout": layout, "initial_state": True})
+        for layout in la.STATE_LAYOUTS
+    ]  # fmt: skip
+    return la.LinearAttentionProblem, Probe(la.DTYPES, make, tuple(options))
+
+
+def probes() -> dict[type, Probe]:
+    return dict([_linear_attention_probe()])
+
+
+# --- spec helpers (family-agnostic: nested attrs specs) -------------------------------------------
+
+
+def spec_values(spec: Any, name: str) -> list[Any]:
+    """Values of every field called ``name`` in ``spec`` and its nested attrs specs."""
+    if not attrs.has(type(spec)):
+        return []
+    out = []
+    for f in attrs.fields(type(spec)):
+        value = getattr(spec, f.name)
+        if f.name == name:
+            out.append(value)
+        out += spec_values(value, name)
+    return out
+
+
+def spec_value(spec: Any, name: str) -> Any:
+    values = list(dict.fromkeys(spec_values(spec, name)))
+    return values[0] if len(values) == 1 else None
+
+
+def evolve_deep(spec: Any, **changes) -> Any:
+    """``spec`` with every field named in ``changes`` replaced, at any nesting depth."""
+    if not attrs.has(type(spec)):
+        return spec
+    updates = {}
+    for f in attrs.fields(type(spec)):
+        value = getattr(spec, f.name)
+        if f.name in changes:
+            updates[f.name] = changes[f.name]
+        elif attrs.has(type(value)):
+            updates[f.name] = evolve_deep(value, **changes)
+    return attrs.evolve(spec, **updates)
+
+
+# --- the matrix -------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Cell:
+    dtype: str
+    head_dim_k: int
+    head_dim_v: int
+    chunk: Any
+    spec: Any = attrs.field(eq=False)  # a specialised spec valid for the cell (the witness)
+    problem: Any = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Row:
+    family: str
+    candidate: str
+    target: str
+    supported: bool
+    opt_in: bool = False
+    opt_in_reason: str = ""
+    enumerated: int = 0
+    valid: int = 0
+    reasons: tuple[tuple[str, int], ...] = ()  # hardware rejection reasons, most frequent first
+    cells: tuple[Cell, ...] = ()
+    features: dict = attrs.field(factory=dict)  # column -> claimed labels
+    # (dtype, head dim) or option label -> the first reason nothing serves it
+    unclaimed: dict = attrs.field(factory=dict)
+    verification: str = ""
+    golden: int = 0  # golden kernels pinned for this candidate on this target
+
+    @property
+    def rejected(self) -> int:
+        return self.enumerated - self.valid
+
+    def column(self, name: str) -> list:
+        if name == "dtypes":
+            return list(dict.fromkeys(c.dtype for c in self.cells))
+        if name == "head dims":
+            dims = sorted({(c.head_dim_k, c.head_dim_v) for c in self.cells})
+            return [str(k) if k == v else f"{k}x{v}" for k, v in dims]
+        if name == "chunks":
+            return sorted({c.chunk for c in self.cells if c.chunk is not None})
+        return list(self.features.get(name, ()))
+
+
+def _first_valid(c: Candidate, target: Target, specs: Sequence, problem) -> tuple[Any, Verdict]:
+    """The first enumerated spec that, specialised to ``problem``, is valid; else the reasons."""
+    verdict = c.accepts(problem)
+    if not verdict.ok:
+        return None, verdict
+    reasons: dict[str, None] = {}
+    matched = False
+    for spec in specs:
+        s = c.specialize(spec, problem) if c.specialize is not None else spec
+        if s is None:
+            continue
+        matched = True
+        v = c.is_valid(s, target, problem)
+        if v.ok:
+            return s, v
+        reasons.update(dict.fromkeys(v.reasons))
+    if not matched:
+        return None, Verdict(("no enumerated spec matches the problem's shape",))
+    return None, Verdict(tuple(reasons))
+
+
+def candidate_row(registry, c: Candidate, target: Target, golden_counts: dict) -> Row:
+    base = dict(family=c.family, candidate=c.name, target=target.name)
+    if c.targets is not None and target.name not in c.targets:
+        return Row(**base, supported=False)
+    enumerated = list(c.enumerate_specs(target))
+    reasons: Counter[str] = Counter()
+    valid_specs = []
+    for spec in enumerated:
+        v = c.is_valid(spec, target)
+        if v.ok:
+            valid_specs.append(spec)
+        reasons.update(v.reasons)
+    cells: list[Cell] = []
+    features: dict[str, list[str]] = {}
+    unclaimed: dict[str, str] = {}
+    probe = probes().get(c.problem_type)
+    if probe is not None:
+        cells, features, unclaimed = _probe(c, target, valid_specs, enumerated, probe)
+    verification = "; ".join(
+        [VERIFICATION.get(target.verification, target.verification), INTERPRETER]
+    )
+    return Row(
+        **base, supported=True, opt_in=c.opt_in, opt_in_reason=c.opt_in_reason,
+        enumerated=len(enumerated), valid=len(valid_specs),
+        reasons=tuple(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+        cells=tuple(cells), features=features, unclaimed=unclaimed, verification=verification,
+        golden=golden_counts.get((c.name, target.name), 0),
+    )  # fmt: skip
+
+
+def _probe(c: Candidate, target: Target, specs: list, enumerated: list, probe: Probe):
+    cells: list[Cell] = []
+    unclaimed: dict[str, str] = {}
+    for dtype in probe.dtypes:
+        for d in PROBE_HEAD_DIMS:
+            problem = probe.make(dtype, d)
+            seen = set()
+            for spec in specs:
+                verdict = c.accepts(problem)
+                s = c.specialize(spec, problem) if c.specialize is not None else spec
+                if not verdict.ok or s is None or not c.is_valid(s, target, problem).ok:
+                    continue
+                cell = Cell(dtype, d, d, spec_value(s, "chunk"), s, problem)
+                if cell not in seen:
+                    seen.add(cell)
+                    cells.append(cell)
+            if not seen:  # the reason: from every enumerated spec, not only the valid ones
+                _, verdict = _first_valid(c, target, enumerated, problem)
+                unclaimed[(dtype, d)] = verdict.reasons[0] if verdict.reasons else "?"
+    features: dict[str, list[str]] = {}
+    if cells:
+        # options are probed at the most representative claimed cell: bf16 (else the first
+        # claimed dtype) at the largest claimed head dim
+        dtype = "bf16" if any(x.dtype == "bf16" for x in cells) else cells[0].dtype
+        d = max(x.head_dim_k for x in cells if x.dtype == dtype)
+        base = probe.make(dtype, d)
+        for option in probe.options:
+            try:
+                problem = attrs.evolve(base, **option.overrides)
+            except (ValueError, TypeError) as e:
+                unclaimed[option.label] = f"problem rejected: {e}"
+                continue
+            spec, verdict = _first_valid(c, target, specs, problem)
+            if spec is not None:
+                features.setdefault(option.column, []).append(option.label)
+            else:
+                unclaimed[option.label] = verdict.reasons[0] if verdict.reasons else "?"
+    cells.sort(key=lambda x: (probe.dtypes.index(x.dtype), x.head_dim_k, x.chunk or 0))
+    return cells, features, unclaimed
+
+
+def golden_counts(registry) -> dict[tuple[str, str], int]:
+    """Golden kernels per (candidate, target), from the golden plan (no compile)."""
+    from kreg import golden
+
+    the_plan = golden.plan(registry)
+    counts: Counter = Counter()
+    for job in the_plan.jobs:
+        counts[(job.candidate, job.target)] += len(job.kernels)
+    return dict(counts)
+
+
+def build(registry) -> list[Row]:
+    counts = golden_counts(registry)
+    return [
+        candidate_row(registry, c, t, counts)
+        for family in registry.families.values()
+        for c in family.candidates
+        for t in registry.targets.values()
+    ]
+
+
+def explain_cell(c: Candidate, target: Target, **fields) -> Verdict:
+    """Why a (dtype, head dim, chunk, ...) cell is or is not served: the verdict of the first
+    valid enumerated spec of ``c`` on ``target`` with ``fields`` set at every nesting level."""
+    specs = [s for s in c.enumerate_specs(target) if c.is_valid(s, target).ok]
+    if not specs:
+        return Verdict((f"{c.name} has no valid spec on {target.name}",))
+    return c.is_valid(evolve_deep(specs[0], **fields), target)
+
+
+# --- rendering ----------------------------------------------------------------------------------
+
+MAX_REASONS = 3
+COLUMNS = ("dtypes", "head dims", "chunks", "gate activations", "options", "states / layouts")
+
+
+def _join(values) -> str:
+    return ", ".join(str(v) for v in values) or "—"
+
+
+def _md(text: str) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def render(registry, rows: list[Row] | None = None) -> str:
+    rows = build(registry) if rows is None else rows
+    out = [
+        "# Support matrix",
+        "",
+        f"<!-- generated by `{WRITE_COMMAND}` from the registered candidates' enumerations and "
+        "validity rules; do not edit: `kreg matrix --check` fails when it is stale -->",
+        "",
+        "One row per family × candidate × target. Every claim is derived: an enumerated spec valid "
+        "on the target (hardware rules) is specialised to probe problems (each dtype and head "
+        "dim K = V, then each option turned on) and validated against the problem. Chunks are "
+        "those of the specs serving the claimed cells. *Specs* counts the enumerated specs valid "
+        "/ rejected by the hardware rules alone. Verification says how this project checks the "
+        "target: GPU-verified (numerics run on hardware by the GPU lane), compiled + "
+        "golden-hashed (normalised IR pinned in `golden/ir_sha256.json`, never executed here), "
+        "and, on every target, interpreter-verified (the kernels' numerics run on CPU under the "
+        "Triton interpreter).",
+        "",
+    ]
+    header = ["family", "candidate", "target", "opt-in", *COLUMNS, "specs valid / rejected",
+              "golden kernels", "verification"]  # fmt: skip
+    out.append("| " + " | ".join(header) + " |")
+    out.append("|" + " --- |" * len(header))
+    for r in rows:
+        if not r.supported:
+            cells = (
+                [r.family, f"`{r.candidate}`", r.target, "—"]
+                + ["not a target"]
+                + [""] * (len(header) - 5)
+            )
+        else:
+            cells = [
+                r.family, f"`{r.candidate}`", r.target,
+                "yes (see below)" if r.opt_in else "no",
+                *[_join(r.column(col)) for col in COLUMNS],
+                f"{r.valid} / {r.rejected}", str(r.golden), r.verification,
+            ]  # fmt: skip
+        out.append("| " + " | ".join(_md(x) for x in cells) + " |")
+    opt_ins = {r.candidate: r.opt_in_reason for r in rows if r.supported and r.opt_in}
+    if opt_ins:
+        out += ["", "## Opt-in candidates", ""]
+        out += [
+            f'- `{name}`: never selected by `algorithm="auto"`; {reason}'
+            for name, reason in opt_ins.items()
+        ]
+    out += ["", "## Claimed cells", "",
+            "Per candidate × target: dtype × head dim → the chunks of the specs serving it.", ""]  # fmt: skip
+    for r in rows:
+        if not r.supported:
+            continue
+        out.append(f"- `{r.candidate}` on {r.target}: " + (_cells_text(r) or "nothing claimed"))
+    dtypes = tuple(dict.fromkeys(dt for p in probes().values() for dt in p.dtypes))
+    out += ["", "## Not claimed", "",
+            "Probed values no spec serves, with the first reason the rules give.", ""]  # fmt: skip
+    for r in rows:
+        if not r.supported or not r.unclaimed:
+            continue
+        out.append(f"- `{r.candidate}` on {r.target}:")
+        for reason, labels in _unclaimed_groups(r.unclaimed, dtypes).items():
+            out.append(f"  - {labels}: {_md(reason)}")
+    out += ["", "## Rejected enumerated specs", "",
+            "Hardware-rule rejection reasons of the enumerated specs (count of specs).", ""]  # fmt: skip
+    for r in rows:
+        if not r.supported:
+            continue
+        out.append(f"- `{r.candidate}` on {r.target}: {r.rejected} of {r.enumerated} rejected")
+        out += [f"  - {n}× {_md(reason)}" for reason, n in r.reasons[:MAX_REASONS]]
+        if len(r.reasons) > MAX_REASONS:
+            out.append(f"  - … and {len(r.reasons) - MAX_REASONS} more distinct reasons")
+    return "\n".join(out) + "\n"
+
+
+def _unclaimed_groups(unclaimed: dict, dtypes: tuple[str, ...]) -> dict[str, str]:
+    """reason -> "d16, d48 (every dtype); fp32 d128; softplus" for the Not claimed section."""
+    by_reason: dict[str, dict] = {}
+    for label, reason in unclaimed.items():
+        by_reason.setdefault(reason, {})[label] = None
+    out = {}
+    for reason, labels in by_reason.items():
+        dims: dict[int, list[str]] = {}
+        names = []
+        for label in labels:
+            if isinstance(label, tuple):
+                dims.setdefault(label[1], []).append(label[0])
+            else:
+                names.append(label)
+        every = [d for d, dts in dims.items() if set(dts) >= set(dtypes)]
+        parts = [f"{', '.join(f'd{d}' for d in every)} (every dtype)"] if every else []
+        parts += [f"{'/'.join(dts)} d{d}" for d, dts in dims.items() if d not in every]
+        out[reason] = "; ".join(parts + names)
+    return out
+
+
+def _cells_text(r: Row) -> str:
+    groups: dict[tuple[str, int, int], list] = {}
+    for c in r.cells:
+        groups.setdefault((c.dtype, c.head_dim_k, c.head_dim_v), []).append(c.chunk)
+    return "; ".join(
+        f"{dt} d{k if k == v else f'{k}x{v}'} → {', '.join(str(x) for x in sorted(set(chunks)))}"
+        for (dt, k, v), chunks in groups.items()
+    )
+
+
+def check(registry, path: Path | None = None) -> tuple[bool, str]:
+    path = Path(path or default_path())
+    want = render(registry)
+    if not path.exists():
+        return False, f"{path} does not exist: run `{WRITE_COMMAND}`"
+    if path.read_text() != want:
+        return False, f"{path} is stale (the registered rules changed): run `{WRITE_COMMAND}`"
+    return True, f"{path} is up to date"
+
+
+def write(registry, path: Path | None = None) -> Path:
+    path = Path(path or default_path())
+    path.write_text(render(registry))
+    return path

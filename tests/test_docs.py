@@ -1,0 +1,107 @@
+"""Generated docs: docs/index.md's families table and docs/families/kda.md are fresh, and the
+check catches a stale or missing block while keeping the hand-written prose."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kreg import docsgen
+from kreg.dispatch import clear_cache
+from kreg.registry import get_registry, reset_registry
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = (docsgen.INDEX, Path("docs/families/kda.md"))
+
+
+@pytest.fixture(scope="module")
+def reg():
+    old = os.environ.get("KREG_PLUGINS")
+    os.environ["KREG_PLUGINS"] = "none"  # builtins only: what the committed docs describe
+    reset_registry()
+    clear_cache()
+    yield get_registry()
+    if old is None:
+        del os.environ["KREG_PLUGINS"]
+    else:
+        os.environ["KREG_PLUGINS"] = old
+    reset_registry()
+    clear_cache()
+
+
+@pytest.fixture
+def copy(tmp_path):
+    for page in PAGES:
+        (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / page, tmp_path / page)
+    return tmp_path
+
+
+def test_docs_are_fresh(reg):
+    assert docsgen.stale(reg, ROOT) == []
+
+
+def test_family_page_content(reg):
+    text = (ROOT / "docs/families/kda.md").read_text()
+    for want in [
+        "`gate_lower_bound` | `float \\| None` | `-5.0` |",  # problem fields with defaults
+        "`KdaTileSpec`", "`KdaScanSpec`", "`KdaChunkFusedSpec`", "`min_occupancy`",
+        "fits the hardware but leaves the latency-bound scan one program per unit",  # a rule
+        "unbounded gates",  # a problem rule
+        "The evidence, `kreg explain kda --target sm90`:",
+        "kda_prefill(", "../kda/ALGORITHM.md", "../kda/CASE_STUDY.md", "../kda/RESULTS.md",
+    ]:  # fmt: skip
+        assert want in text, want
+    index = (ROOT / docsgen.INDEX).read_text()
+    assert "| kda | `LinearAttentionProblem` | `kda.split`, `kda.fused` (opt-in) |" in index
+    assert "[docs/families/kda.md](families/kda.md)" in index
+
+
+def test_stale_block_detected_and_rewritten_keeping_prose(reg, copy):
+    page = copy / "docs/families/kda.md"
+    original = page.read_text()
+    edited = original.replace("| `chunk` | `int` | `64` |", "| `chunk` | `int` | `32` |", 1)
+    edited = edited.replace("## Example", "## Example\n\nA hand-written note.", 1)
+    assert edited != original
+    page.write_text(edited)
+    assert docsgen.stale(reg, copy) == [
+        "docs/families/kda.md: generated block(s) ['candidates'] are stale"
+    ]
+    assert docsgen.write(reg, copy) == [page]
+    assert docsgen.stale(reg, copy) == []
+    assert page.read_text() == original.replace("## Example", "## Example\n\nA hand-written note.")
+
+
+def test_missing_block_and_page_detected(reg, copy):
+    index = copy / docsgen.INDEX
+    text = index.read_text()
+    start, end = text.index("<!-- generated: families -->"), text.index(docsgen.END)
+    index.write_text(text[:start] + "| hand-made table |" + text[end + len(docsgen.END) :])
+    (copy / "docs/families/kda.md").unlink()
+    assert docsgen.stale(reg, copy) == [
+        "docs/index.md lacks the generated block(s) ['families']",
+        "docs/families/kda.md does not exist",
+    ]
+    docsgen.write(reg, copy)
+    assert docsgen.stale(reg, copy) == []
+    assert "| hand-made table |" in index.read_text()  # prose kept, block appended
+    assert "## Dispatch default (generated)" in (copy / "docs/families/kda.md").read_text()
+
+
+def test_cli_check_fails_when_stale(reg, copy):
+    env = {**os.environ, "KREG_PLUGINS": "none"}
+    argv = [sys.executable, "-m", "kreg", "docs", "--check", "--root", str(copy)]
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "docs are up to date" in r.stdout
+    index = copy / docsgen.INDEX
+    index.write_text(index.read_text().replace("| kda |", "| kda2 |"))
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 1
+    assert "docs/index.md: generated block(s) ['families'] are stale" in r.stderr
+    assert "run `kreg docs --write`" in r.stderr
