@@ -1,8 +1,8 @@
 """``kreg bench``: run a registered benchmark scenario, list scenarios, or render results.
 
-    kreg bench --list [SCENARIO]                 scenarios, their cases and implementations (CPU)
-    kreg bench SCENARIO [--cases SUBSTR...] [--impls NAME...] [--out DIR] [--quick]   (GPU)
-    kreg bench --render results.json [--out DIR] RESULTS.md and the plot from a results JSON
+kreg bench --list [SCENARIO]                 scenarios, their cases and implementations (CPU)
+kreg bench SCENARIO [--cases SUBSTR...] [--impls NAME...] [--out DIR] [--quick]   (GPU)
+kreg bench --render results.json [--out DIR] RESULTS.md and the plot from a results JSON
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ def add_parser(subparsers):
                                                 "<target>-<time>; with --render: the JSON's)")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="processes compiling kernels before measuring (default: half the cores, "
+                        "at most 8; 0: compile while measuring)")  # fmt: skip
     p.add_argument("--render", metavar="JSON", help="regenerate RESULTS.md and the plot")
     return p
 
@@ -88,7 +91,7 @@ def _render(args) -> int:
 
 
 def _run(args) -> int:
-    from kreg.bench import BenchError, require_gpu, summary, write_results
+    from kreg.bench import BenchError, require_gpu, summary, write_json, write_results
 
     scenario = _scenario(args.scenario)
     cases = _cases(scenario, args.cases)
@@ -101,7 +104,8 @@ def _run(args) -> int:
     print(f"kreg bench {scenario.name}: {len(cases)} cases on {target.name}"
           f"{' (quick)' if args.quick else ''}; writing {out}", file=sys.stderr)  # fmt: skip
     results = scenario.run(cases, target=target, impls=args.impls, quick=args.quick,
-                           progress=not args.no_progress)  # fmt: skip
+                           progress=not args.no_progress, workers=args.workers,
+                           on_case=lambda partial: write_json(partial, out))  # fmt: skip
     written = write_results(results, out)
     print(summary(results))
     print(f"\n{len(cases)} cases in {results.get('elapsed_s', 0):.0f} s; "

@@ -7,7 +7,13 @@ from kreg.registry.hookspecs import hookimpl
 from kreg.registry.model import Candidate, Family, Verdict
 
 from . import specs
-from .builders import build_kda_chunk_fused, build_kda_chunk_prep, build_kda_chunk_scan
+from .builders import (
+    build_kda_chunk_fused,
+    build_kda_chunk_prep,
+    build_kda_chunk_scan,
+    build_kda_segment_combine,
+    build_kda_segment_map,
+)
 
 ABI_VERSION = 1
 
@@ -56,6 +62,11 @@ SPLIT = Candidate(
     builders={
         "prep": lambda spec, target: build_kda_chunk_prep(spec.tile, target),
         "scan": lambda spec, target: build_kda_chunk_scan(spec.scan, target),
+        # None unless the scan is sequence-parallel (segment_chunks > 0)
+        "segment_map": lambda spec, target: build_kda_segment_map(spec.scan, target),
+        "segment_combine": lambda spec, target: build_kda_segment_combine(
+            spec.scan, target, spec.tile.fp32_dot
+        ),
     },
     accepts=accepts,
     specialize=specs.specialize_split,
@@ -94,3 +105,18 @@ FAMILY = Family(
 @hookimpl
 def kreg_register_families(register):
     register(FAMILY)
+
+
+@hookimpl
+def kreg_register_golden_cases(register):
+    from .golden_cases import golden_cases
+
+    for case in golden_cases():
+        register(case)
+
+
+@hookimpl
+def kreg_register_scenarios(register):
+    from .bench import scenario
+
+    register(scenario())

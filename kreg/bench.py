@@ -1,0 +1,851 @@
+"""The benchmark runner behind ``kreg bench``: generic across families.
+
+A family contributes a :class:`~kreg.registry.model.Scenario` whose ``cases()`` returns
+:class:`BenchCase` values (cheap, no GPU) and whose ``run(cases, **options)`` calls
+:func:`run_cases` with a ``prepare(case, target, device)`` function. ``prepare`` makes the inputs
+of one case on the device and returns a :class:`Prepared`: the implementations to time (each a
+closure over those inputs, host work done up front), how to read named outputs from a return
+value, which implementations are the references every other one is checked against, and which
+one is the peer the speed ratio is taken against.
+
+Per case the runner (1) calls every implementation twice (compilation, autotuning and
+allocator warm-up stay out of every measurement) and compares the named outputs by relative
+RMS against each reference, (2) measures the peak device memory one call allocates beyond its
+inputs and outputs, (3) the host overhead of one call (wall clock of the Python call, no
+synchronisation inside the timed region, median), and (4) the device time: a CUDA graph of one
+call replayed with the L2 cache flushed before every replay, median of many replays; an
+implementation that cannot be captured falls back to ``triton.testing.do_bench`` (median).
+A large device-to-device copy measured in the same run gives the bandwidth that the compulsory
+bytes of every row are compared against.
+
+:func:`write_results` writes ``results.json``, ``RESULTS.md`` and the sweep plot;
+:func:`render` regenerates the last two from the JSON alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+FLAG_REL_ERR = 1e-2  # rows whose relative RMS error against a reference exceeds this are flagged
+FLUSH_BYTES = 256 * 1024 * 1024  # L2 flush buffer zeroed before every timed replay (as do_bench)
+COPY_BYTES = 1024 * 1024 * 1024  # size of the device-to-device copy that measures bandwidth
+PLOT_NAME = "bh_sweep.png"
+
+
+@attrs.frozen(eq=False)
+class BenchCase:
+    """One benchmark case: its parameters and the work it represents (no tensors)."""
+
+    name: str
+    params: Mapping[str, Any]  # JSON-able; what the family's prepare() reads
+    flops: float  # the nominal FLOP count (the family documents its formula)
+    bytes: float  # compulsory device-memory bytes: inputs read once, outputs written once
+    tokens: int  # total tokens of the case (all sequences)
+    heads: int  # heads the per token·head time divides by
+    bh: int  # batch (or sequences) x heads: the sweep plot's x axis
+    tags: tuple[str, ...] = attrs.field(default=(), converter=tuple)  # "sweep" is plotted
+    impls: tuple[str, ...] = attrs.field(default=(), converter=tuple)  # planned, for --list
+    description: str = ""
+
+
+@attrs.frozen(eq=False)
+class Impl:
+    """One implementation of a case, ready to run on prepared inputs."""
+
+    name: str
+    run: Callable[[], Any]  # the device work only; returns the outputs
+    call: Callable[[], Any] | None = None  # the public call for host overhead (default: run)
+    info: Mapping[str, Any] = attrs.field(factory=dict)  # JSON-able (spec, arguments, ...)
+    graph: bool = True  # try CUDA-graph capture for the timing
+
+
+@attrs.frozen
+class Skip:
+    """An implementation that cannot run here, and why (reported in the results)."""
+
+    name: str
+    reason: str
+
+
+@attrs.frozen(eq=False)
+class Prepared:
+    impls: Sequence[Impl | Skip]
+    outputs: Callable[[Any], Mapping[str, Any]]  # named output tensors of a return value
+    references: tuple[str, ...] = ()  # impl names the others are compared against
+    peer: str | None = None  # impl name of the peer: ratio = peer ms / impl ms
+    notes: tuple[str, ...] = ()
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot run here (no GPU, no target): one line for the user."""
+
+
+# --- selection of cases and implementations -------------------------------------------------
+
+
+def filter_cases(cases: Sequence[BenchCase], substrings: Sequence[str] | None):
+    if not substrings:
+        return list(cases)
+    return [c for c in cases if any(s in c.name for s in substrings)]
+
+
+def impl_selected(name: str, patterns: Sequence[str] | None) -> bool:
+    """An implementation is kept if a pattern equals its name or is a substring of it."""
+    return not patterns or any(p == name or p in name for p in patterns)
+
+
+# --- metrics ------------------------------------------------------------------------------------
+
+
+def row_metrics(case: BenchCase, ms: float, copy_gbs: float | None) -> dict:
+    """Throughput figures of one timed row."""
+    s = ms * 1e-3
+    gbs = case.bytes / s / 1e9
+    return {
+        "tflops": case.flops / s / 1e12,
+        "gbs": gbs,
+        "bw_fraction": gbs / copy_gbs if copy_gbs else None,
+        "ns_per_token_head": ms * 1e6 / (case.tokens * case.heads),
+    }
+
+
+def rel_rms(a, b) -> float:
+    """||a - b|| / ||b|| over all elements, in fp32 (inf when b is all zeros and a is not)."""
+    a = a.float()
+    b = b.float()
+    num = float((a - b).pow(2).sum().sqrt())
+    den = float(b.pow(2).sum().sqrt())
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+# --- device measurements ----------------------------------------------------------------------
+
+
+class _Timer:
+    def __init__(self, torch, device):
+        self.torch = torch
+        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device=device)
+
+    def _events(self, n):
+        E = self.torch.cuda.Event
+        return [E(enable_timing=True) for _ in range(n)], [E(enable_timing=True) for _ in range(n)]
+
+    def _replay(self, launch, reps: int) -> list[float]:
+        torch = self.torch
+        start, end = self._events(reps)
+        torch.cuda.synchronize()
+        for i in range(reps):
+            self.flush.zero_()
+            start[i].record()
+            launch()
+            end[i].record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) for s, e in zip(start, end, strict=True)]
+
+    def reps_for(self, est_ms: float, min_reps: int, min_ms: float, max_reps: int) -> int:
+        return int(min(max_reps, max(min_reps, math.ceil(min_ms / max(est_ms, 1e-4)))))
+
+    def time(self, impl: Impl, *, min_reps: int, min_ms: float, max_reps: int) -> dict:
+        """Median device time of one call: graph replay, or do_bench when capture fails."""
+        torch = self.torch
+        est = statistics.median(self._replay(impl.run, 3))
+        reps = self.reps_for(est, min_reps, min_ms, max_reps)
+        note = None
+        if impl.graph:
+            graph = None
+            try:
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    impl.run()  # warm-up on the capture stream
+                torch.cuda.current_stream().wait_stream(stream)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                    impl.run()
+                graph.replay()
+                torch.cuda.synchronize()
+                times = self._replay(graph.replay, reps)
+                return {"ms": statistics.median(times), "method": "cuda_graph", "reps": reps,
+                        "ms_min": min(times)}  # fmt: skip
+            except Exception as e:  # not capturable: fall back to eager timing
+                note = f"CUDA graph capture failed ({type(e).__name__}: {_first_line(e)})"
+                with contextlib.suppress(Exception):
+                    torch.cuda.synchronize()
+            finally:
+                del graph
+        import triton.testing
+
+        ms = triton.testing.do_bench(impl.run, warmup=max(1, int(3 * est)),
+                                     rep=max(min_ms, reps * est), return_mode="median")  # fmt: skip
+        out = {"ms": float(ms), "method": "do_bench", "reps": reps, "ms_min": None}
+        if note:
+            out["note"] = note
+        return out
+
+    def copy_bandwidth(self, device) -> float:
+        """GB/s of a large device-to-device copy_, counting read + write."""
+        import triton.testing
+
+        torch = self.torch
+        src = torch.empty(COPY_BYTES // 2, dtype=torch.bfloat16, device=device).normal_()
+        dst = torch.empty_like(src)
+        ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200,
+                                     return_mode="median")  # fmt: skip
+        return 2 * COPY_BYTES / (ms * 1e-3) / 1e9
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else ""
+
+
+def _tensors(obj, torch) -> list:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, Mapping):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return [t for x in obj for t in _tensors(x, torch)]
+    return []
+
+
+def _output_bytes(obj, torch) -> int:
+    seen: dict[int, int] = {}
+    for t in _tensors(obj, torch):
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def peak_extra_bytes(torch, fn: Callable[[], Any]) -> int:
+    """Peak device memory one call allocates beyond its inputs (already allocated) and outputs."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    extra = peak - base - _output_bytes(out, torch)
+    del out
+    return max(0, int(extra))
+
+
+def host_overhead_us(torch, fn: Callable[[], Any], calls: int, budget_s: float) -> dict:
+    """Wall clock of the Python call alone (the device is synchronised before, not inside)."""
+    times = []
+    deadline = time.perf_counter() + budget_s
+    for i in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        out = fn()
+        t1 = time.perf_counter_ns()
+        del out
+        times.append((t1 - t0) / 1e3)
+        if i >= 9 and time.perf_counter() > deadline:
+            break
+    torch.cuda.synchronize()
+    return {"us": statistics.median(times), "calls": len(times)}
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Budget:
+    min_reps: int
+    min_ms: float
+    max_reps: int
+    host_calls: int
+    host_budget_s: float
+
+
+DEFAULT_BUDGET = Budget(min_reps=50, min_ms=200.0, max_reps=1000, host_calls=100, host_budget_s=1.0)
+QUICK_BUDGET = Budget(min_reps=10, min_ms=40.0, max_reps=200, host_calls=30, host_budget_s=0.3)
+
+
+def environment(target) -> dict:
+    import torch
+    import triton
+
+    dev = torch.cuda.current_device()
+    return {
+        "target": target.name,
+        "device": torch.cuda.get_device_name(dev),
+        "triton": triton.__version__,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or torch.version.hip,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def require_gpu(what: str = "kreg bench"):
+    """The detected target, or BenchError with one line saying why there is none."""
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - torch is a dependency
+        raise BenchError(f"{what} needs torch with a GPU: {e}") from e
+    if not torch.cuda.is_available():
+        raise BenchError(f"{what} needs a GPU (torch.cuda.is_available() is false); "
+                         f"`kreg bench --list` shows the cases without one")  # fmt: skip
+    from kreg.registry.targets import detect
+
+    target = detect()
+    if target is None:
+        name = torch.cuda.get_device_name(torch.cuda.current_device())
+        raise BenchError(f"{what}: no registered target matches this GPU ({name})")
+    return target
+
+
+def run_cases(
+    scenario: str,
+    cases: Sequence[BenchCase],
+    prepare: Callable[[BenchCase, Any, Any], Prepared],
+    *,
+    target=None,
+    impls: Sequence[str] | None = None,
+    quick: bool = False,
+    progress: bool = True,
+    doc: str = "",
+    meta: Mapping[str, Any] | None = None,
+    log: Callable[[str], None] | None = None,
+    device=None,
+    workers: int | None = None,
+    on_case: Callable[[dict], None] | None = None,
+    worker_env: Mapping[str, str] | None = None,
+) -> dict:
+    """Measure every case; returns the results dict that :func:`write_results` stores.
+
+    ``device`` defaults to the current CUDA device (another one only for dry runs of the flow).
+    ``workers``: processes that first call every case's implementations once, in parallel, to
+    fill Triton's on-disk kernel cache (compilation dominates a cold run); None picks
+    :func:`default_workers`, 0 compiles in this process as it goes. ``on_case(results)`` is
+    called after every case (the CLI saves the JSON so far). ``worker_env``: environment
+    variables set in the compiling workers only (e.g. to keep a peer from persisting autotuning
+    results measured while the workers share the GPU).
+    """
+    if target is None:
+        target = require_gpu(f"kreg bench {scenario}")
+    import torch
+
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    budget = QUICK_BUDGET if quick else DEFAULT_BUDGET
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    t_start = time.perf_counter()
+    if workers is None:
+        workers = default_workers(len(cases))
+    precompile_s = None
+    if workers > 0 and cases:
+        t0 = time.perf_counter()
+        problems = precompile(cases, prepare, target, impls, workers, device, progress, log,
+                              worker_env)  # fmt: skip
+        precompile_s = time.perf_counter() - t0
+        log(f"kreg bench: precompiled {len(cases)} cases in {precompile_s:.0f} s with {workers} "
+            f"workers" + (f" ({len(problems)} problems, reported per row)" if problems else ""))  # fmt: skip
+    timer = _Timer(torch, device)
+    copy_gbs = timer.copy_bandwidth(device)
+    results = {
+        "scenario": scenario,
+        "key": environment(target),
+        "quick": quick,
+        "budget": attrs.asdict(budget),
+        "copy_gbs": copy_gbs,
+        "flag_rel_err": FLAG_REL_ERR,
+        "doc": doc,
+        "meta": dict(meta or {}),
+        "cases": [],
+    }
+    bar = _progress(len(cases), progress)
+    try:
+        for case in cases:
+            bar.set_description(case.name)
+            results["cases"].append(
+                _run_case(case, prepare, target, device, timer, budget, impls, copy_gbs, bar, log)
+            )
+            results["elapsed_s"] = time.perf_counter() - t_start
+            bar.update(1)
+            if not progress:
+                log(f"kreg bench: {case.name} done in {results['cases'][-1]['elapsed_s']:.1f} s "
+                    f"({results['elapsed_s']:.0f} s so far)")  # fmt: skip
+            if on_case is not None:
+                on_case(results)
+    finally:
+        bar.close()
+    results["elapsed_s"] = time.perf_counter() - t_start
+    results["precompile"] = {"workers": workers, "seconds": precompile_s}
+    return results
+
+
+def default_workers(n_cases: int) -> int:
+    """Half the CPU cores, at most 8 and at most one per case."""
+    return max(0, min(n_cases, 8, (os.cpu_count() or 2) // 2))
+
+
+def precompile(cases, prepare, target, patterns, workers: int, device, progress, log,
+               env: Mapping[str, str] | None = None) -> list:  # fmt: skip
+    """Call every case's implementations once in ``workers`` spawned processes, so that the
+    measuring process finds every kernel in Triton's on-disk cache. Failures here are only
+    reported: the measuring process meets (and records) them again."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    ctx = multiprocessing.get_context("spawn")  # CUDA does not survive fork
+    problems: list[str] = []
+    bar = _progress(len(cases), progress)
+    bar.set_description("precompile")
+    dev = str(device) if device is not None else None
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
+                             initargs=(dict(env or {}),)) as pool:  # fmt: skip
+        futures = {pool.submit(_warm_case, prepare, case, target, patterns, dev): case
+                   for case in cases}  # fmt: skip
+        for future in as_completed(futures):
+            case = futures[future]
+            try:
+                problems += [f"{case.name}: {p}" for p in future.result()]
+            except Exception as e:  # a worker died: the measuring process will compile
+                problems.append(f"{case.name}: worker failed: {type(e).__name__}: {_first_line(e)}")
+            bar.update(1)
+    bar.close()
+    for p in problems:
+        log(f"kreg bench: precompile: {p}")
+    return problems
+
+
+def _worker_init(env: dict) -> None:
+    os.environ.update(env)
+
+
+def _warm_case(prepare, case, target, patterns, device) -> list[str]:
+    """In a worker: prepare one case and call each implementation (and reference) once."""
+    import torch
+
+    dev = torch.device(device) if device else torch.device("cuda", torch.cuda.current_device())
+    problems = []
+    prepared = prepare(case, target, dev)
+    for impl in prepared.impls:
+        if not isinstance(impl, Impl):
+            continue
+        if not (impl_selected(impl.name, patterns) or impl.name in prepared.references):
+            continue
+        try:
+            impl.run()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+        except Exception as e:
+            problems.append(f"{impl.name}: {type(e).__name__}: {_first_line(e)}")
+    del prepared
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return problems
+
+
+class _NoBar:
+    def set_description(self, *_):
+        pass
+
+    def set_postfix_str(self, *_):
+        pass
+
+    def update(self, *_):
+        pass
+
+    def close(self):
+        pass
+
+
+def _progress(n: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=n, unit="case", file=sys.stderr, dynamic_ncols=True)
+
+
+def _run_case(case, prepare, target, device, timer, budget, patterns, copy_gbs, bar, log) -> dict:
+    import torch
+
+    t0 = time.perf_counter()
+    out: dict = {
+        "name": case.name, "params": dict(case.params), "flops": case.flops,
+        "bytes": case.bytes, "tokens": case.tokens, "heads": case.heads, "bh": case.bh,
+        "tags": list(case.tags), "rows": [], "skipped": [], "notes": [],
+    }  # fmt: skip
+    prepared = prepare(case, target, device)
+    out["notes"] += list(prepared.notes)
+    runnable = [i for i in prepared.impls if isinstance(i, Impl)]
+    out["skipped"] = [{"impl": s.name, "reason": s.reason} for s in prepared.impls
+                      if isinstance(s, Skip) and impl_selected(s.name, patterns)]  # fmt: skip
+    timed = [i for i in runnable if impl_selected(i.name, patterns)]
+    # references run (untimed) even when filtered out: every timed row is checked
+    refs = [i for i in runnable if i.name in prepared.references]
+    warm = timed + [r for r in refs if r not in timed]
+
+    # 1. warm-up (compile, autotune) and outputs
+    outputs: dict[str, Mapping[str, Any]] = {}
+    failed: dict[str, str] = {}
+    warmup_s: dict[str, float] = {}
+    for impl in warm:
+        bar.set_postfix_str(f"{impl.name}: warm-up")
+        try:
+            t_first = time.perf_counter()
+            impl.run()
+            torch.cuda.synchronize()
+            warmup_s[impl.name] = time.perf_counter() - t_first
+            ret = impl.run()
+            torch.cuda.synchronize()
+            outputs[impl.name] = dict(prepared.outputs(ret))
+        except Exception as e:
+            failed[impl.name] = f"{type(e).__name__}: {_first_line(e)}"
+            log(f"kreg bench: {case.name}: {impl.name} failed: {failed[impl.name]}")
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize()
+    errors = {name: _compare(outs, outputs, prepared.references, name)
+              for name, outs in outputs.items()}  # fmt: skip
+    del outputs
+    _release(torch)
+
+    # 2-4. memory, host overhead and device time per implementation
+    for impl in timed:
+        row: dict = {"impl": impl.name, "info": dict(impl.info),
+                     "first_call_s": warmup_s.get(impl.name)}  # fmt: skip
+        if impl.name in failed:
+            row["error"] = failed[impl.name]
+            out["rows"].append(row)
+            continue
+        bar.set_postfix_str(impl.name)
+        try:
+            row["peak_extra_bytes"] = peak_extra_bytes(torch, impl.run)
+            host = host_overhead_us(torch, impl.call or impl.run, budget.host_calls,
+                                    budget.host_budget_s)  # fmt: skip
+            row["host_us"], row["host_calls"] = host["us"], host["calls"]
+            row.update(timer.time(impl, min_reps=budget.min_reps, min_ms=budget.min_ms,
+                                  max_reps=budget.max_reps))  # fmt: skip
+            row.update(row_metrics(case, row["ms"], copy_gbs))
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {_first_line(e)}"
+            log(f"kreg bench: {case.name}: {impl.name} failed: {row['error']}")
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize()
+        row["rel_err"] = errors.get(impl.name, {})
+        row["flagged"] = any(not (v <= FLAG_REL_ERR) for ref in row["rel_err"].values()
+                             for v in ref.values())  # fmt: skip
+        out["rows"].append(row)
+        _release(torch)
+
+    peer = prepared.peer
+    peer_ms = next((r["ms"] for r in out["rows"] if r["impl"] == peer and "ms" in r), None)
+    for r in out["rows"]:
+        r["vs_peer"] = peer_ms / r["ms"] if peer_ms and r.get("ms") else None
+    out["peer"] = peer
+    out["elapsed_s"] = time.perf_counter() - t0
+    del prepared, runnable, timed, refs, warm
+    _release(torch)
+    return out
+
+
+def _compare(outs: Mapping[str, Any], outputs: Mapping, references: Sequence[str], name: str):
+    """{reference: {output name: rel RMS}} for every reference that ran (not itself)."""
+    import torch
+
+    res: dict[str, dict[str, float]] = {}
+    for ref in references:
+        if ref == name or ref not in outputs:
+            continue
+        errs = {}
+        for key, t in outs.items():
+            other = outputs[ref].get(key)
+            if t is None or other is None:
+                continue
+            if not bool(torch.isfinite(t).all()):
+                errs[key] = math.inf
+            else:
+                errs[key] = rel_rms(t, other)
+        res[ref] = errs
+    return res
+
+
+def _release(torch):
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+# --- output: JSON, markdown, plot, summary --------------------------------------------------
+
+
+def write_json(results: dict, out_dir: str | os.PathLike) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(results, indent=2, default=_json_default) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def write_results(results: dict, out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Write results.json, RESULTS.md and the sweep plot (when matplotlib is present)."""
+    out = Path(out_dir)
+    path = write_json(results, out)
+    written = {"json": path}
+    written.update(render(path, out))
+    return written
+
+
+def _json_default(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    return str(x)
+
+
+def render(json_path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> dict:
+    """Regenerate RESULTS.md (and the plot) from a results JSON."""
+    json_path = Path(json_path)
+    results = json.loads(json_path.read_text())
+    out = Path(out_dir) if out_dir is not None else json_path.parent
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    plot = out / PLOT_NAME
+    plot_ok = plot_sweep(results, plot)
+    if plot_ok:
+        written["png"] = plot
+    md = out / "RESULTS.md"
+    md.write_text(markdown(results, plot.name if plot_ok else None))
+    written["md"] = md
+    return written
+
+
+def _fmt(x, spec: str, empty: str = "–") -> str:
+    if x is None:
+        return empty
+    if isinstance(x, str):
+        return x
+    if isinstance(x, float) and not math.isfinite(x):
+        return "inf"
+    return format(x, spec)
+
+
+def _err_text(row: dict, ref: str) -> str:
+    errs = row.get("rel_err", {}).get(ref)
+    if not errs:
+        return "–"
+    parts = []
+    for key, v in errs.items():
+        v = float(v) if isinstance(v, str) else v
+        mark = " ⚠" if not (v <= FLAG_REL_ERR) else ""
+        parts.append(f"{key} {_fmt(v, '.1e')}{mark}")
+    return ", ".join(parts)
+
+
+TABLE_HEADER = [
+    "case", "impl", "ms", "TFLOP/s", "GB/s", "% copy BW", "host µs", "extra MiB",
+    "× peer", "rel err vs kreg.split", "rel err vs peer", "timing",
+]  # fmt: skip
+
+
+def table_rows(results: dict) -> list[list[str]]:
+    rows = []
+    for case in results.get("cases", []):
+        peer = case.get("peer")
+        first = True
+        for r in case["rows"]:
+            name = case["name"] if first else ""
+            first = False
+            if "error" in r and "ms" not in r:
+                rows.append([name, r["impl"], "failed: " + r["error"]] + [""] * 9)
+                continue
+            frac = r.get("bw_fraction")
+            rows.append([
+                name, r["impl"] + (" ⚠" if r.get("flagged") else ""), _fmt(r.get("ms"), ".3f"),
+                _fmt(r.get("tflops"), ".1f"), _fmt(r.get("gbs"), ".0f"),
+                _fmt(None if frac is None else 100 * frac, ".1f"),
+                _fmt(r.get("host_us"), ".0f"),
+                _fmt(None if r.get("peak_extra_bytes") is None
+                     else r["peak_extra_bytes"] / 2**20, ".0f"),
+                _fmt(r.get("vs_peer"), ".2f"),
+                _err_text(r, "kreg.split"), _err_text(r, peer) if peer else "–",
+                r.get("method", "–"),
+            ])  # fmt: skip
+    return rows
+
+
+def markdown(results: dict, plot_name: str | None = None) -> str:
+    key = results.get("key", {})
+    lines = [results.get("doc", "").rstrip(), ""] if results.get("doc") else []
+    lines.append("## Results")
+    lines.append("")
+    if not results.get("cases"):
+        lines += [
+            "No results recorded yet: run the command above on a GPU and render its JSON.",
+            "",
+        ]
+        return "\n".join(lines)
+    lines.append(
+        f"Measured {key.get('date', '?')} on {key.get('device', '?')} (target "
+        f"{key.get('target', '?')}), torch {key.get('torch', '?')}, Triton "
+        f"{key.get('triton', '?')}, CUDA {key.get('cuda', '?')}"
+        + "".join(f", {k} {v}" for k, v in results.get("meta", {}).get("versions", {}).items())
+        + (", **quick mode** (fewer repetitions)" if results.get("quick") else "")
+        + f". Device-to-device copy bandwidth in this run: "
+        f"{_fmt(results.get('copy_gbs'), '.0f')} GB/s (read + write). Whole run: "
+        f"{_fmt(results.get('elapsed_s'), '.0f')} s"
+        + _precompile_text(results.get("precompile"))
+        + "."
+    )
+    lines.append("")
+    lines.append("| " + " | ".join(TABLE_HEADER) + " |")
+    lines.append("|" + "|".join("---" for _ in TABLE_HEADER) + "|")
+    for row in table_rows(results):
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+    lines.append("")
+    lines.append(f"⚠: a relative RMS error above {results.get('flag_rel_err', FLAG_REL_ERR):g} "
+                 "against a reference (or a non-finite output).")  # fmt: skip
+    lines += _notes(results)
+    if plot_name:
+        lines += ["", "### Time per token·head against batch × heads", "",
+                  f"![time per token·head against B·H]({plot_name})"]  # fmt: skip
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _precompile_text(pre) -> str:
+    if not pre or not pre.get("workers"):
+        return ""
+    return (
+        f" (of which {_fmt(pre.get('seconds'), '.0f')} s compiling in {pre['workers']} processes)"
+    )
+
+
+def _grouped(pairs, n_cases: int) -> list[str]:
+    """Lines "- text (cases)", one per distinct text, naming the cases unless it is all."""
+    by: dict[str, list[str]] = {}
+    for case, text in pairs:
+        by.setdefault(text, [])
+        if case not in by[text]:
+            by[text].append(case)
+    return [f"- {text}" + ("" if len(cases) == n_cases else f" ({', '.join(cases)})")
+            for text, cases in by.items()]  # fmt: skip
+
+
+def _notes(results: dict) -> list[str]:
+    cases = results["cases"]
+    pairs = []
+    for case in cases:
+        for s in case.get("skipped", []):
+            pairs.append((case["name"], f"{s['impl']} skipped: {s['reason']}"))
+        for n in case.get("notes", []):
+            pairs.append((case["name"], n))
+        for r in case["rows"]:
+            if r.get("note"):
+                pairs.append((case["name"], f"{r['impl']}: {r['note']}"))
+    specs = []
+    for case in cases:
+        for r in case["rows"]:
+            spec = r.get("info", {}).get("spec")
+            if spec:
+                specs.append((case["name"], f"{r['impl']}: {spec}"))
+    out = ["", "### Notes", ""] + _grouped(pairs, len(cases)) if pairs else []
+    if specs:
+        out += ["", "### Specs timed", ""] + _grouped(specs, len(cases))
+    return out
+
+
+def sweep_series(results: dict) -> dict[str, list[tuple[int, float]]]:
+    """impl -> [(B·H, ns per token·head)] over the cases tagged "sweep", sorted by B·H."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for case in results.get("cases", []):
+        if "sweep" not in case.get("tags", []):
+            continue
+        for r in case["rows"]:
+            if r.get("ms") is None:
+                continue
+            ns = r["ms"] * 1e6 / (case["tokens"] * case["heads"])
+            series.setdefault(r["impl"], []).append((case["bh"], ns))
+    return {k: sorted(v) for k, v in series.items()}
+
+
+def plot_sweep(results: dict, path: Path) -> bool:
+    series = sweep_series(results)
+    if not series:
+        return False
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for name, pts in series.items():
+        xs, ys = zip(*pts, strict=True)
+        style = "--" if name == results.get("cases", [{}])[0].get("peer") else "-"
+        ax.plot(xs, ys, style, marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ticks = sorted({x for pts in series.values() for x, _ in pts})
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("batch × heads")
+    ax.set_ylabel("ns per token·head")
+    key = results.get("key", {})
+    ax.set_title(
+        f"{results.get('scenario', '')}: {key.get('device', '')} ({key.get('date', '')[:10]})"
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def summary(results: dict) -> str:
+    """A short text table: ms per case and implementation, and the ratio to the peer."""
+    from kreg.cli._util import table
+
+    names: list[str] = []
+    for case in results.get("cases", []):
+        for r in case["rows"]:
+            if r["impl"] not in names:
+                names.append(r["impl"])
+    rows = []
+    for case in results.get("cases", []):
+        by = {r["impl"]: r for r in case["rows"]}
+        cells = [case["name"]]
+        for n in names:
+            r = by.get(n)
+            if r is None:
+                cells.append("")
+            elif r.get("ms") is None:
+                cells.append("failed")
+            else:
+                ratio = (
+                    f" ({r['vs_peer']:.2f}x)" if r.get("vs_peer") and n != case.get("peer") else ""
+                )
+                cells.append(f"{r['ms']:.3f}{ratio}{' !' if r.get('flagged') else ''}")
+        rows.append(cells)
+    head = "ms per call (x = peer ms / impl ms; ! = rel err > "
+    head += f"{results.get('flag_rel_err', FLAG_REL_ERR):g})"
+    return head + "\n" + table(rows, ["case", *names])
