@@ -31,19 +31,25 @@ def accepts(problem: LinearAttentionProblem) -> Verdict:
     )  # fmt: skip
 
 
-def _programs(problem: LinearAttentionProblem, block_v: int) -> int:
-    return problem.num_seqs * problem.heads_v * (problem.head_dim_v // block_v)
-
-
 def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target) -> float:
-    """Heuristic: serial chunk steps per program, times the waves of scan programs.
+    """Heuristic: the serial steps of the scan's critical path, times the waves its programs take.
 
-    Larger chunks shorten the chain; narrower V blocks add programs until the units are full.
+    Each (sequence, value head, V block) is one dependency chain of chunk steps. Segments
+    (sequence-parallel scan) cut the chain to two passes over one segment plus a combine step
+    per segment, but multiply the programs; waves count programs over two per unit. It agrees
+    with every H200 measurement in docs/kda/RESULTS.md on whether segments pay; measured
+    tuning-table entries take precedence where they exist.
     """
-    tokens = problem.seq_len * problem.batch / problem.num_seqs
-    waves = -(-_programs(problem, spec.scan.block_v) // (target.compute_units * 2))
-    steps = -(-tokens // spec.tile.chunk)
-    width = spec.scan.block_v / problem.head_dim_v
+    scan = spec.scan
+    chunks = -(-problem.seq_len * problem.batch // (problem.num_seqs * spec.tile.chunk))
+    programs = problem.num_seqs * problem.heads_v * (problem.head_dim_v // scan.block_v)
+    steps = chunks
+    if scan.segment_chunks:
+        n_seg = -(-chunks // scan.segment_chunks)
+        steps = 2 * min(chunks, scan.segment_chunks) + n_seg
+        programs *= n_seg
+    waves = -(-programs // (2 * target.compute_units))
+    width = scan.block_v / problem.head_dim_v
     return waves * steps * (1.0 + width) + 0.01 * spec.tile.num_warps
 
 
