@@ -320,6 +320,8 @@ _KERNEL_NAMES = {
     "prep": "kda_chunk_prep_kernel",
     "scan": "kda_chunk_scan_kernel",
     "fused": "kda_chunk_fused_kernel",
+    "segment_map": "kda_segment_map_kernel",
+    "segment_combine": "kda_segment_combine_kernel",
 }
 # the representative problem per target: the default one where a spec is valid for it
 _D64 = problem(head_dim_k=64, head_dim_v=64)
@@ -351,7 +353,11 @@ def test_builders_compile_the_dispatch_choice(target):
             assert kernel.startswith("segment_") and not split.spec.scan.segment_chunks
             continue
         _check_artifact(art, t, kernel)
-        part = split.spec.tile if kernel == "prep" else split.spec.scan
+        scan = split.spec.scan
+        if kernel == "segment_combine":
+            assert art.shared_bytes <= scan.combine_shared_bytes_estimate()
+            continue
+        part = split.spec.tile if kernel == "prep" else scan
         assert art.shared_bytes <= part.shared_bytes_estimate()
         assert art.num_warps == part.num_warps
     fused = select(_FUSED_REPRESENTATIVE[target], t, algorithm="fused")
