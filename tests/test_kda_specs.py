@@ -148,10 +148,17 @@ def test_numeric_rule_applies_with_a_problem_only():
     assert "160 nats" in reasons_of(S.is_valid_fused_spec(fused, SM90, problem()))
 
 
-def test_unbounded_problem_has_no_valid_spec_anywhere():
+def test_unbounded_problem_is_served_only_by_the_row_anchor():
+    unbounded = problem(gate_lower_bound=None, head_dim_k=32, head_dim_v=32)
     for target in TARGETS.values():
-        with pytest.raises(NoCandidateError, match="unbounded gates"):
-            select(problem(gate_lower_bound=None, head_dim_k=32, head_dim_v=32), target)
+        for cand in (SPLIT, FUSED):
+            valid = [
+                s
+                for s in (cand.specialize(s, unbounded) for s in cand.enumerate_specs(target))
+                if s is not None and cand.is_valid(s, target, unbounded)
+            ]
+            assert valid, (target.name, cand.name)
+            assert {s.tile.anchor for s in valid} == {"row"}, (target.name, cand.name)
 
 
 # --- scan spec rules ---------------------------------------------------------------------------
@@ -395,7 +402,7 @@ def _label(target, kernel, spec):
     t = spec.tile if kernel == "fused" else spec
     text = f"{target}-{kernel}-d{t.head_dim_k}-c{t.chunk}"
     if kernel in ("prep", "fused"):
-        return f"{text}-bs{t.solve_block}-w{t.num_warps}-{t.fp32_dot}"
+        return f"{text}-bs{t.solve_block}-w{t.num_warps}-{t.fp32_dot}-{t.anchor}"
     return f"{text}-bv{spec.block_v}-w{spec.num_warps}-st{spec.num_stages}-seg{spec.segment_chunks}"
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from kreg.dispatch import NoCandidateError, select
+from kreg.dispatch import select
 from kreg.families.kda import api
 from kreg.families.kda.oracles import (
     gate_sigmoid_bound,
@@ -468,18 +468,44 @@ def test_production_argument_set():
     assert_close(ht2, (ht,), 1e-5, "fused final state")
 
 
-def test_softplus_gate_without_a_bound_has_no_candidate():
-    """Unbounded (softplus) gates: the kernels' only exponent scheme anchors inside sub-blocks,
-    which needs a bound, so every spec fails the numeric rule and the error lists why."""
-    x = make(T=32)
-    with pytest.raises(NoCandidateError) as e:
-        api.kda_prefill(**x, gate_activation="softplus", gate_lower_bound=None)
-    text = str(e.value)
-    assert text.startswith("no candidate serves")
-    assert "kda.split: spec:" in text and "kda.fused: spec:" in text
-    assert "unbounded gates" in text
-    with pytest.raises(NoCandidateError, match="candidate kda.split cannot serve"):
-        api.kda_prefill(**x, gate_activation="softplus", gate_lower_bound=None, algorithm="split")
+@pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
+def test_unbounded_softplus_gates_take_the_row_anchor(fused):
+    """Unbounded (softplus) gates: only anchor='row' specs pass the numeric rule, the dispatcher
+    says why the block anchor was refused, and the result matches both oracles, with decays far
+    past what a sub-block anchor survives (single steps below -10 nats)."""
+    x = make(T=70, K=32, V=32, H=1, HV=2, dtype=FP32, seed=24)
+    x["g"] = 3 * torch.randn(x["g"].shape, generator=torch.Generator().manual_seed(6))
+    A_log, dt_bias = _gate_params(2, 32)
+    g = gate_softplus(x["g"], A_log, dt_bias)
+    assert g.min() < -10.0  # 16 such steps span 160+ nats: a sub-block anchor overflows
+    kw = dict(gate_activation="softplus", gate_lower_bound=None, A_log=A_log, dt_bias=dt_bias,
+              output_final_state=True)  # fmt: skip
+    if fused:
+        kw["algorithm"] = "kda.fused"
+    opts = {**_PREFILL_DEFAULTS, **x, **kw}
+    problem, _ = api._prepare(**{name: opts[name] for name in _PREPARE_ARGS})
+    sel = select(problem, TARGET, algorithm=kw.get("algorithm", "auto"))
+    assert sel.spec.tile.anchor == "row"
+    assert any("anchor='row' keeps every exponent non-positive" in e.reason for e in sel.trace)
+    o, ht = api.kda_prefill(**x, **kw)
+    check_vs_oracles(_activated(x, g=g), o, ht, chunk=sel.spec.tile.chunk, tol=TOL[FP32])
+
+
+def test_hard_resets_on_the_row_anchor_split_equals_fused():
+    """g = -1000 resets (whole tokens and half the channels of another): finite, oracle-exact,
+    and split == fused bit for bit on the unbounded path too."""
+    x = make(T=90, K=32, V=32, H=1, HV=2, dtype=FP32, seed=25)
+    g = -0.5 * torch.rand(x["g"].shape, generator=torch.Generator().manual_seed(7))
+    g[:, 17] = -1000.0
+    g[:, 50, :, ::2] = -1000.0
+    x["g"] = g
+    o, ht = api.kda_prefill(**x, gate_lower_bound=None, output_final_state=True)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    check_vs_oracles(x, o, ht, chunk=16, tol=1e-4)
+    o2, ht2 = api.kda_prefill(**x, gate_lower_bound=None, output_final_state=True,
+                              algorithm="kda.fused")  # fmt: skip
+    assert_equal(o2, o, "fused o")
+    assert_equal(ht2, ht, "fused final state")
 
 
 def test_unequal_head_dims_through_the_public_entry():

@@ -51,9 +51,12 @@ def _chunk_tiles(
     tok0, n, h, hv, H, HV, scale, lower_bound,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
-    FP32_DOT: tl.constexpr,
+    FP32_DOT: tl.constexpr, ANCHOR_ROW: tl.constexpr = False,
 ):  # fmt: skip
     """The six state-independent tiles of one chunk, for one value head.
+
+    ``ANCHOR_ROW`` computes the diagonal sub-blocks of A and Aqk row by row with exp(Gin_i -
+    Gin_j), j <= i, so no exponent is positive: any gate, bounded or not (more exponentials).
 
     Returns (w, u, gq, aqk, gkt, dec) in fp32: w = -T diag(beta) (K*Gamma) (negated so the scan
     subtracts into its accumulator), u = T diag(beta) V, gq = scale Q*Gamma, aqk (causal, scaled),
@@ -102,7 +105,6 @@ def _chunk_tiles(
     q3 = tl.reshape(q, (NB, BS, K))
     kl3 = k3 * e_pos3  # K exp(Gin)
     ql3 = q3 * e_pos3
-    kd3 = k3 * tl.exp2(-gin3)  # K exp(-Gin) >= 1, bounded by the solve_block rule
     kr3 = k3 * tl.exp2(tot[:, None, :] - gin3)  # K exp(P_next - G) <= 1, P_next: sub-block end
     e_anchor = tl.exp2(anchor)[:, None, :]  # exp(P_I), <= 1
     kg = tl.reshape(kl3 * e_anchor, (C, K))  # K * Gamma
@@ -112,11 +114,22 @@ def _chunk_tiles(
     dec = tl.exp2(g_end)
 
     # --- A and Aqk: diagonal sub-blocks batched, off-diagonal by row sub-block -----------------
-    kd3t = tl.permute(kd3, (0, 2, 1))
-    a_diag = tl.dot(kl3, kd3t, input_precision=FP32_DOT)  # [NB, BS, BS]
-    qk_diag = tl.dot(ql3, kd3t, input_precision=FP32_DOT)
     ri = tl.arange(0, BS)[None, :, None]
     ci = tl.arange(0, BS)[None, None, :]
+    if ANCHOR_ROW:
+        a_diag = tl.zeros((NB, BS, BS), dtype=tl.float32)
+        qk_diag = tl.zeros((NB, BS, BS), dtype=tl.float32)
+        for j in tl.static_range(BS):
+            gin_j = tl.sum(tl.where(ri == j, gin3, 0.0), axis=1)[:, None, :]  # row j per block
+            k_j = tl.sum(tl.where(ri == j, k3, 0.0), axis=1)[:, None, :]
+            # rows i < j are masked before the exponential: exp2(-inf) = 0, never overflow
+            kd = tl.exp2(tl.where(ri >= j, gin3 - gin_j, float("-inf"))) * k_j
+            a_diag = tl.where(ci == j, tl.sum(k3 * kd, axis=2)[:, :, None], a_diag)
+            qk_diag = tl.where(ci == j, tl.sum(q3 * kd, axis=2)[:, :, None], qk_diag)
+    else:
+        kd3t = tl.permute(k3 * tl.exp2(-gin3), (0, 2, 1))  # K exp(-Gin) >= 1, bounded by a rule
+        a_diag = tl.dot(kl3, kd3t, input_precision=FP32_DOT)  # [NB, BS, BS]
+        qk_diag = tl.dot(ql3, kd3t, input_precision=FP32_DOT)
     a_diag = tl.where(ri > ci, a_diag, 0.0)
     # Aqk as row sub-blocks [NB, BS, C]; the diagonal sub-block goes to column block I.
     colblk = (tl.arange(0, C) // BS)[None, None, :]
@@ -264,7 +277,7 @@ def _recurrence(
     FP32_DOT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
     STORE_HS: tl.constexpr, STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
     FUSED: tl.constexpr, TILE_DT: tl.constexpr, SEG: tl.constexpr = 0, NSEG=1,
-    ABLATE_SCAN: tl.constexpr = False,
+    ABLATE_SCAN: tl.constexpr = False, ANCHOR_ROW: tl.constexpr = False,
 ):  # fmt: skip
     """The serial recurrence of one (sequence, value head, V block): tiles loaded (split) or
     computed on chip (fused, where BV == V), then the shared ``_scan_step``.
@@ -302,7 +315,7 @@ def _recurrence(
         if FUSED:
             w, u, gq, aqk, gkt, dec = _chunk_tiles(
                 q, k, v, g, beta, alog, dtb, tok0, n, h, hv, H, HV, scale, lower_bound,
-                K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
+                K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR_ROW,
             )  # fmt: skip
             # the same rounding the split path's tiles get on their way through memory
             w = w.to(TILE_DT)
@@ -361,7 +374,7 @@ def kda_chunk_prep_kernel(
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, VARLEN: tl.constexpr,
-    LOOPED: tl.constexpr = False, BALLAST: tl.constexpr = 0,
+    LOOPED: tl.constexpr = False, BALLAST: tl.constexpr = 0, ANCHOR_ROW: tl.constexpr = False,
 ):  # fmt: skip
     """Split path, first kernel: the tiles of one chunk x value head, stored chunk-major.
 
@@ -379,7 +392,7 @@ def kda_chunk_prep_kernel(
             _prep_chunk(
                 q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, tok0,
                 tl.minimum(tok_end - tok0, C), h, hv, H, HV, scale, lower_bound,
-                K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST,
+                K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR_ROW,
             )  # fmt: skip
     else:
         c = tl.program_id(0)
@@ -387,7 +400,7 @@ def kda_chunk_prep_kernel(
         _prep_chunk(
             q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, tok0, n,
             h, hv, H, HV, scale, lower_bound,
-            K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST,
+            K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR_ROW,
         )  # fmt: skip
 
 
@@ -397,12 +410,12 @@ def _prep_chunk(
     h, hv, H, HV, scale, lower_bound,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
-    FP32_DOT: tl.constexpr, BALLAST: tl.constexpr,
+    FP32_DOT: tl.constexpr, BALLAST: tl.constexpr, ANCHOR_ROW: tl.constexpr,
 ):  # fmt: skip
     if n > 0:
         w, u, gq, aqk, gkt, dec = _chunk_tiles(
             q, k, v, g, beta, alog, dtb, tok0, n, h, hv, H, HV, scale, lower_bound,
-            K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
+            K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR_ROW,
         )  # fmt: skip
         dec = _ballast(dec, BALLAST)
         _store_tiles(w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, w, u, gq, aqk, gkt, dec,
@@ -439,7 +452,7 @@ def kda_chunk_fused_kernel(
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
     STORE_HS: tl.constexpr, STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
-    ABLATE_SCAN: tl.constexpr = False,
+    ABLATE_SCAN: tl.constexpr = False, ANCHOR_ROW: tl.constexpr = False,
 ):  # fmt: skip
     """Fused path: tiles computed on chip, chunk after chunk, inside the recurrence.
 
@@ -450,7 +463,7 @@ def kda_chunk_fused_kernel(
         None, None, None, None, None, None, o, h0, ht, hs, seq_chunk, cu_seqlens,
         T, H, HV, scale, lower_bound, K, V, C, BS, BV, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
         USE_H0, STORE_HT, STORE_HS, STATE_VK, VARLEN, True, q.dtype.element_ty, 0, 1,
-        ABLATE_SCAN,
+        ABLATE_SCAN, ANCHOR_ROW,
     )  # fmt: skip
 
 

@@ -18,9 +18,9 @@ from .builders import (
 ABI_VERSION = 1
 
 FUSED_OPT_IN_REASON = (
-    "measured slower than split: holding the tile builder's operands and the scan's live at once "
-    "leaves one program per compute unit, and the latency-bound scan has no second program to "
-    "hide its chain (seed PR, gfx950; H200 figures in docs/kda/CASE_STUDY.md)"
+    "measured 1.7-12x slower than split on the H200 across the KDA scenario (2026-12-02, "
+    "docs/kda/CASE_STUDY.md): one program per (sequence, head) serialises the parallel tile "
+    "phase, and holding both phases live spills registers; the seed saw the same on gfx950"
 )
 
 
@@ -50,12 +50,14 @@ def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target
         programs *= n_seg
     waves = -(-programs // (2 * target.compute_units))
     width = scan.block_v / problem.head_dim_v
-    return waves * steps * (1.0 + width) + 0.01 * spec.tile.num_warps
+    row = 1.0 if spec.tile.anchor == "row" else 0.0  # solve_block times the diagonal exps
+    return waves * steps * (1.0 + width + row) + 0.01 * spec.tile.num_warps
 
 
 def fused_cost(spec: specs.KdaChunkFusedSpec, problem: LinearAttentionProblem, target) -> float:
     tokens = problem.seq_len * problem.batch / problem.num_seqs
-    return -(-tokens // spec.tile.chunk) + 0.01 * spec.tile.num_warps
+    row = 2.0 if spec.tile.anchor == "row" else 1.0
+    return row * -(-tokens // spec.tile.chunk) + 0.01 * spec.tile.num_warps
 
 
 SPLIT = Candidate(

@@ -45,6 +45,10 @@ class KdaTileSpec:
     chunk: int = 64
     # Sub-block of the blocked solve, and the span of one exponent anchor.
     solve_block: int = 16
+    # Diagonal sub-blocks: "block" anchors them at the sub-block start (fast; exponents up to
+    # solve_block * |lower bound|), "row" forms exp(G_i - G_j) per row (never a positive
+    # exponent: serves unbounded gates, at solve_block times the exponentials there).
+    anchor: str = "block"
     num_warps: int = 4
     # Precision of the fp32 products (A, Aqk, the solve, W and U); "tf32" is cuda-only.
     fp32_dot: str = "ieee"
@@ -141,18 +145,15 @@ def _scan_phase_bytes(s: KdaScanSpec, bv: int, stages: int) -> int:
 
 
 def enumerate_tile_specs(target: Target) -> list[KdaTileSpec]:
-    return [
-        KdaTileSpec(
-            head_dim_k=d,
-            head_dim_v=d,
-            chunk=c,
-            solve_block=b,
-            num_warps=w,
-            fp32_dot=FP32_DOT_BY_BACKEND[target.backend][0],
-        )  # fmt: skip
+    fp32_dot = FP32_DOT_BY_BACKEND[target.backend][0]
+    block = [
+        KdaTileSpec(d, d, chunk=c, solve_block=b, num_warps=w, fp32_dot=fp32_dot)
         for d in HEAD_DIMS
         for c, b, w in TILE_SHAPES[d]
     ]
+    # the unbounded-gate path, at the smallest tile of each head dim
+    row = [attrs.evolve(t, anchor="row") for t in block if (t.chunk, t.num_warps) == (16, 4)]
+    return block + row
 
 
 def enumerate_scan_specs(target: Target) -> list[KdaScanSpec]:
@@ -201,12 +202,15 @@ def _shape_rules(head_dim_k: int, head_dim_v: int, chunk: int, dtype: str) -> Ve
     )
 
 
-def numeric_rule(solve_block: int, lower_bound: float | None) -> Verdict:
-    """The anchored exponent inside a sub-block spans up to solve_block * |lower_bound| nats."""
+def numeric_rule(solve_block: int, lower_bound: float | None, anchor: str = "block") -> Verdict:
+    """The anchored exponent inside a sub-block spans up to solve_block * |lower_bound| nats;
+    the row anchor has no positive exponent at all."""
+    if anchor == "row":
+        return Verdict()
     if lower_bound is None:
         return Verdict((
-            "unbounded gates: exp(-Gin) inside a sub-block has no bound for any solve_block; "
-            "needs a path that keeps every exponent non-positive",
+            "unbounded gates: exp(-Gin) inside a sub-block has no bound for any solve_block "
+            "with anchor='block'; anchor='row' keeps every exponent non-positive",
         ))  # fmt: skip
     span = solve_block * abs(lower_bound)
     return Verdict.check((
@@ -223,6 +227,7 @@ def is_valid_tile_spec(spec: KdaTileSpec, target: Target, problem=None) -> Verdi
         (spec.solve_block <= spec.chunk and spec.chunk % spec.solve_block == 0,
          f"solve_block={spec.solve_block} must divide chunk={spec.chunk}"),
         (spec.num_warps in (1, 2, 4, 8, 16), f"num_warps={spec.num_warps} not a power of 2 <= 16"),
+        (spec.anchor in ("block", "row"), f"anchor={spec.anchor!r} not 'block' or 'row'"),
         (spec.ballast_bytes == 0 or (_pow2(spec.ballast_bytes) and spec.ballast_bytes >= 512),
          f"ballast_bytes={spec.ballast_bytes} must be 0 or a power of 2 >= 512"),
         (spec.fp32_dot in FP32_DOT_BY_BACKEND[target.backend],
@@ -233,7 +238,7 @@ def is_valid_tile_spec(spec: KdaTileSpec, target: Target, problem=None) -> Verdi
          f"{target.name}"),
     )  # fmt: skip
     if problem is not None:
-        v = v & numeric_rule(spec.solve_block, problem.gate_lower_bound)
+        v = v & numeric_rule(spec.solve_block, problem.gate_lower_bound, spec.anchor)
     return v
 
 
