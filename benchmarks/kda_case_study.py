@@ -2,7 +2,8 @@
 
     python benchmarks/kda_case_study.py [--out DIR]
 
-Per shape (bf16, K = V = 128, gates bounded at -5), each a median of CUDA-graph replays:
+Per shape (bf16, K = V = 128, gates bounded at -5), each a median of CUDA-graph replays
+(kreg.bench.device_ms):
   split          prep + scan (the spec the dispatcher picks; chunk forced to the fused spec's)
   prep, scan     each kernel of split alone
   fused          the fused kernel (same tile spec; block_v = V)
@@ -27,25 +28,12 @@ import attrs
 import torch
 import triton
 
+from kreg.bench import device_ms
 from kreg.dispatch import select
 from kreg.families.kda import api, builders, launch
 from kreg.registry.targets import detect
 
 SHAPES = ((1, 8192, 32), (4, 8192, 32), (16, 8192, 32), (1, 65536, 4))
-
-
-def graph_time(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return triton.testing.do_bench(graph.replay, warmup=10, rep=100, return_mode="median")
 
 
 def resources(artifact) -> dict:
@@ -103,7 +91,7 @@ def main():
         )
         for name, fn in probes.items():
             try:
-                row[name + "_ms"] = graph_time(fn)
+                row[name + "_ms"] = device_ms(fn)
             except Exception as e:  # noqa: BLE001
                 row[name + "_ms"] = repr(e)[:300]
         row["resources"] = {

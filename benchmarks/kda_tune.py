@@ -3,7 +3,7 @@ shape bucket as tuning-table entries (``kreg/dispatch/tuning.json`` format) and 
 
     python benchmarks/kda_tune.py [--out DIR] [--shapes B,T,H ...]
 
-Timings are medians of CUDA-graph replays (triton.testing.do_bench), inputs as in the KDA
+Timings are medians of CUDA-graph replays (kreg.bench.device_ms), inputs as in the KDA
 scenario (bf16, K = V = 128, gates bounded at -5). Writes DIR/tuning_sm90.json, DIR/tune.json.
 """
 
@@ -18,6 +18,7 @@ import attrs
 import torch
 import triton
 
+from kreg.bench import device_ms
 from kreg.dispatch import select
 from kreg.families.kda import api
 from kreg.registry import get_registry
@@ -30,20 +31,6 @@ TUNING_FIELDS = {
     "tile": ("chunk", "solve_block", "num_warps", "fp32_dot"),
     "scan": ("chunk", "block_v", "num_stages", "segment_chunks"),
 }
-
-
-def graph_time(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return triton.testing.do_bench(graph.replay, warmup=10, rep=100, return_mode="median")
 
 
 def make_call(B, T, H, K=128):
@@ -92,7 +79,7 @@ def main():
             try:
                 o, _ = api.run_selection(sel, call, problem)
                 err = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
-                ms = graph_time(lambda s=sel, c=call, p=problem: api.run_selection(s, c, p))
+                ms = device_ms(lambda s=sel, c=call, p=problem: api.run_selection(s, c, p))
             except Exception as e:  # noqa: BLE001
                 rows.append(dict(B=B, T=T, H=H, spec=spec_fields(s), error=repr(e)[:300]))
                 continue

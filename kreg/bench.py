@@ -211,6 +211,14 @@ class _Timer:
         return 2 * COPY_BYTES / (ms * 1e-3) / 1e9
 
 
+def device_ms(fn: Callable[[], Any], *, min_reps: int = 50, min_ms: float = 200.0) -> float:
+    """Median device time of ``fn`` (CUDA-graph replay, L2 flushed), for ad-hoc probe scripts."""
+    import torch
+
+    timer = _Timer(torch, "cuda")
+    return timer.time(Impl("probe", fn), min_reps=min_reps, min_ms=min_ms, max_reps=1000)["ms"]
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0][:200] if text else ""

@@ -13,5 +13,5 @@ step kreg explain kda --target gfx950 T=8192
 step kreg build kda --target sm90
 step kreg build kda --target gfx950
 
-# ---- KDA prefill on CPU vs the oracle (the KDA family adds this step) ----
-# step python -m kreg.families.kda.demo
+# ---- a small KDA prefill on the CPU (Triton interpreter) checked against both oracles ----
+step python -m kreg.families.kda.demo
