@@ -254,6 +254,9 @@ CU_CASES = [
      "cu_seqlens_cpu", "int64"),
     ("cpu_shape", dict(cu_seqlens=torch.tensor([0, 4, 8]), cu_seqlens_cpu=torch.tensor([0, 8])),
      "cu_seqlens_cpu", "differs"),
+    ("cpu_not_on_cpu", dict(cu_seqlens=torch.tensor([0, 4, 8]),
+                            cu_seqlens_cpu=torch.tensor([0, 4, 8], device="meta")),
+     "cu_seqlens_cpu", "must be a CPU tensor"),
     # a host copy that disagrees is what gets validated (never a device sync)
     ("cpu_copy_bad", dict(cu_seqlens=torch.tensor([0, 4, 8]),
                           cu_seqlens_cpu=torch.tensor([0, 4, 9])), "cu_seqlens", "end at T=8"),

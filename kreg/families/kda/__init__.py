@@ -1,7 +1,8 @@
 """KDA: chunkwise gated delta-rule linear attention prefill (Kimi Delta Attention).
 
-``kda_prefill`` is imported on first use, so loading the registry (which imports this
-package's plugin) does not pay for torch.
+``kda_prefill`` and ``kda_prefill_op`` (the same call through the ``kreg::kda_prefill`` torch
+custom op, registered when first used) are imported on first use, so loading the registry (which
+imports this package's plugin) does not pay for torch.
 """
 
 
@@ -10,7 +11,11 @@ def __getattr__(name):
         from .api import kda_prefill
 
         return kda_prefill
+    if name == "kda_prefill_op":
+        from .torch_op import kda_prefill_op
+
+        return kda_prefill_op
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["kda_prefill"]
+__all__ = ["kda_prefill", "kda_prefill_op"]

@@ -244,6 +244,8 @@ def _check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, T, device):
             _fail(name, "expected a 1-d tensor [N + 1] with N >= 1")
         if x.dtype != torch.int64:
             _fail(name, f"dtype must be torch.int64, got {x.dtype}")
+    if cu_seqlens_cpu is not None and cu_seqlens_cpu.device.type != "cpu":
+        _fail("cu_seqlens_cpu", f"must be a CPU tensor, is on {cu_seqlens_cpu.device}")
     if B != 1:
         _fail("cu_seqlens", f"packed sequences need batch size B == 1, got B={B}")
     if cu_seqlens.device not in (device, torch.device("cpu")):

@@ -143,13 +143,9 @@ def _segment_starts(call: Call, tiles, scan, seq_chunk, n_states, T, scan_args, 
     """Sequence-parallel scan, passes 1 and 2: each segment's affine map, then the serial chain
     over segments. Returns (start states [N, NSEG, HV, K, V] fp32, NSEG)."""
     HV, K, V, C = call.v.shape[2], scan_args["K"], scan_args["V"], scan_args["C"]
-    if call.cu_seqlens is None:
-        chunks = triton.cdiv(T, C)
-    elif call.cu_seqlens_host is not None:
-        chunks = int(((call.cu_seqlens_host.diff() + C - 1) // C).max())
-    else:
-        chunks = triton.cdiv(T, C)
-    n_seg = max(1, triton.cdiv(chunks, scan.segment_chunks))
+    # From shapes alone (no sequence spans more than T tokens), so a captured CUDA graph stays
+    # right when a replay's offsets change; segments past a sequence's end do nothing.
+    n_seg = max(1, triton.cdiv(triton.cdiv(T, C), scan.segment_chunks))
     dev = call.q.device
     seg_map = torch.empty((n_states, n_seg, HV, K, K + V), dtype=torch.float32, device=dev)
     starts = torch.empty((n_states, n_seg, HV, K, V), dtype=torch.float32, device=dev)

@@ -1,0 +1,307 @@
+"""``kreg::kda_prefill``: KDA prefill as a ``torch.library`` custom op.
+
+The op lets ``torch.compile`` (``fullgraph=True``) trace through a prefill call as one opaque node,
+and gives ``FakeTensorMode`` / meta tracing the output shapes without running a kernel.
+``kda_prefill_op`` is the Python wrapper with ``kda_prefill``'s keywords and return values.
+
+Op schema and output convention
+-------------------------------
+A custom op has a fixed schema and cannot return ``None``, so the raw op
+``torch.ops.kreg.kda_prefill`` always returns three tensors ``(o, final_state, chunk_states)``:
+
+* ``o``: like ``v``, ``[B, T, HV, V]``;
+* ``final_state``: fp32 ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_layout="vk"``), N = B,
+  or ``cu_seqlens.numel() - 1`` with varlen. **Not requested** (``output_final_state=False``):
+  a zero-row fp32 tensor ``[0, HV, K, V]`` (``[0, HV, V, K]``), same rank and trailing dims;
+* ``chunk_states``: fp32 ``[B * ceil(T / chunk), HV, K, V]`` (chunk: the selected spec's);
+  not requested: a zero-row fp32 tensor of the same trailing shape.
+
+``kda_prefill_op`` turns the zero-row placeholders back into ``None`` / drops them (the flags are
+Python constants, so this stays inside a ``fullgraph`` trace) and returns exactly what
+``kda_prefill`` returns: ``(o, final_state)`` or ``(o, final_state, chunk_states)``.
+
+Schema types (custom ops cannot take keyword-only tensors, so every argument of the raw op is
+positional-or-keyword, in ``kda_prefill``'s order): optional tensors are ``Tensor?``; ``scale``
+and ``gate_lower_bound`` are ``float?``; ``target`` is ``str?`` (a registered target name; the wrapper also takes a ``Target`` and passes
+its name). Every value check happens in the real implementation, which calls ``kda_prefill``
+(a bad argument raises ``ValueError`` naming it); the wrapper additionally rejects, by name,
+arguments the schema cannot carry (a non-tensor where a tensor goes, a non-number scale, ...).
+
+Not supported by the op: ``output_chunk_states=True`` together with ``cu_seqlens``. The number of
+chunks of a packed batch depends on the offsets' *values*, which a fake (meta) implementation may
+not read; the op raises ``ValueError`` for that combination (call ``kda_prefill`` directly).
+For fixed-length batches the chunk count depends only on shapes and on the selected spec's chunk
+size, which the fake implementation gets from the same (data-free, cached) dispatch ``select``.
+
+CUDA graph capture
+------------------
+``kda_prefill`` on CUDA tensors can be captured in a ``torch.cuda.CUDAGraph`` (directly or
+through this op) when:
+
+1. **Warm-up first**: run the identical call (same shapes, flags, dtypes) eagerly once before
+   capture, so the Triton kernels are compiled and loaded and the dispatch selection (which reads
+   the tuning table and queries device properties) is cached.
+2. **Fixed shapes**: every allocation (outputs, the prep kernel's tiles, the chunk tables, the
+   segment buffers) and every grid is derived from the tensor shapes (B, T, H, HV, K, V), the
+   flags, and - for varlen - the sequence count N and the CPU copy of the offsets. Replays must
+   keep the shapes, flags and N of the capture; new data is copied into the captured input
+   tensors (``q``, ``k``, ``v``, ``g``, ``beta``, ``initial_state``, ``A_log``, ``dt_bias``, and the
+   device ``cu_seqlens``).
+3. **Varlen: pass ``cu_seqlens`` as a device tensor *and* ``cu_seqlens_cpu``** (its CPU copy).
+   Validation then reads only the CPU copy (no device-to-host sync), the device tensor is used
+   as is, and the chunk tables (per-sequence chunk offsets, chunk -> sequence map) are built on
+   the device by torch ops with an upper-bound chunk count ``ceil(T / chunk) + N`` (surplus
+   programs exit), so new offsets copied into the captured ``cu_seqlens`` take effect on replay.
+   Do *not* pass only a CPU ``cu_seqlens`` when capturing: the call then copies it host-to-device
+   inside the graph (a pageable host copy, which capture rejects or, if pinned, re-reads a freed
+   temporary on replay). A device ``cu_seqlens`` alone is validated with a device-to-host copy,
+   which is a synchronisation and fails capture. ``cu_seqlens_cpu`` must be a CPU tensor
+   (``kda_prefill`` rejects any other device).
+4. **Varlen with a sequence-parallel scan spec** (``segment_chunks > 0``): the segment grid and
+   buffers are sized from shapes alone, ``ceil(ceil(T / chunk) / segment_chunks)`` segments per
+   sequence (no sequence spans more than T tokens), so replays with new offsets stay exact;
+   segments past a sequence's end do nothing.
+5. ``gate_activation`` other than "none" without ``A_log``/``dt_bias`` allocates zero-filled
+   defaults inside the call (a capturable memset); nothing else is host-dependent.
+
+``torch.compile``: the op is one node; ``backend="aot_eager"`` and inductor run it as is. With
+``mode="reduce-overhead"`` (inductor CUDA graphs) a CPU ``cu_seqlens_cpu`` input makes inductor
+skip graph capture for that graph (CPU inputs are not graph-safe); capture by hand as above.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from . import api
+
+OP_NAME = "kreg::kda_prefill"
+
+_OPTIONAL_TENSORS = ("initial_state", "cu_seqlens", "cu_seqlens_cpu", "A_log", "dt_bias")
+_BOOLS = ("output_final_state", "use_qk_l2norm", "use_beta_sigmoid", "output_chunk_states",
+          "allow_opt_in")  # fmt: skip
+_STRINGS = ("gate_activation", "state_layout", "algorithm")
+
+
+def _fail(name: str, message: str):
+    raise ValueError(f"{name}: {message}")
+
+
+def _reject_varlen_chunk_states(cu_seqlens, output_chunk_states) -> None:
+    if output_chunk_states and cu_seqlens is not None:
+        _fail("output_chunk_states", "not supported with cu_seqlens by the torch op: the chunk "
+              "count of a packed batch depends on the offsets' values, which a fake (meta) "
+              "implementation cannot read; call kda_prefill directly")  # fmt: skip
+
+
+def _state_tail(q: torch.Tensor, v: torch.Tensor, state_layout: str) -> tuple[int, int, int]:
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        _fail("q", "expected a 4-d torch.Tensor [B, T, H, K]")
+    if not isinstance(v, torch.Tensor) or v.dim() != 4:
+        _fail("v", "expected a 4-d torch.Tensor [B, T, HV, V]")
+    if state_layout not in ("kv", "vk"):
+        _fail("state_layout", f"must be 'kv' or 'vk', got {state_layout!r}")
+    K, HV, V = q.shape[3], v.shape[2], v.shape[3]
+    return (HV, K, V) if state_layout == "kv" else (HV, V, K)
+
+
+def _absent(v: torch.Tensor, tail) -> torch.Tensor:
+    """The placeholder of an output that was not requested: zero rows, fp32, same tail."""
+    return v.new_empty((0, *tail), dtype=torch.float32)
+
+
+def _problem_from_shapes(
+    q, v, initial_state, output_final_state, gate_lower_bound, cu_seqlens, gate_activation,
+    use_qk_l2norm, use_beta_sigmoid, state_layout, output_chunk_states,
+):  # fmt: skip
+    """The ``LinearAttentionProblem`` ``api._prepare`` builds for these arguments, from shapes
+    and flags alone (what the dispatcher selects on). Kept equal to ``_prepare``'s by a test."""
+    from kreg.problems import LinearAttentionProblem
+
+    if q.dtype not in api._DTYPES:
+        _fail("q", f"dtype {q.dtype} not supported (bf16, fp16, fp32)")
+    # int(): selection needs concrete sizes; under dynamic shapes this specialises them (guards)
+    B, T, H, K = (int(d) for d in q.shape)
+    HV, V = int(v.shape[2]), int(v.shape[3])
+    state_dtype = "fp32"
+    if initial_state is not None:
+        if initial_state.dtype not in api._STATE_DTYPES:
+            _fail("initial_state", f"dtype {initial_state.dtype} not supported (fp32, bf16)")
+        state_dtype = api._STATE_DTYPES[initial_state.dtype]
+    varlen = cu_seqlens is not None
+    return LinearAttentionProblem(
+        batch=B, seq_len=T, heads_qk=H, heads_v=HV, head_dim_k=K, head_dim_v=V,
+        dtype=api._DTYPES[q.dtype], gate_lower_bound=gate_lower_bound,
+        gate_activation=gate_activation, qk_l2norm=use_qk_l2norm,
+        beta_sigmoid=use_beta_sigmoid, initial_state=initial_state is not None,
+        state_dtype=state_dtype, output_final_state=output_final_state,
+        state_layout=state_layout, output_chunk_states=output_chunk_states,
+        varlen=varlen, num_seqs=int(cu_seqlens.shape[0]) - 1 if varlen else B,
+    )  # fmt: skip
+
+
+@torch.library.custom_op(OP_NAME, mutates_args=())
+def _kda_prefill_impl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    gate_lower_bound: float | None = -5.0,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    gate_activation: str = "none",
+    use_qk_l2norm: bool = False,
+    use_beta_sigmoid: bool = False,
+    state_layout: str = "kv",
+    output_chunk_states: bool = False,
+    algorithm: str = "auto",
+    allow_opt_in: bool = False,
+    target: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Real implementation: ``kda_prefill`` (which validates everything), outputs padded to the
+    op's three-tensor convention (module docstring)."""
+    _reject_varlen_chunk_states(cu_seqlens, output_chunk_states)
+    out = api.kda_prefill(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, gate_lower_bound=gate_lower_bound,
+        cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, A_log=A_log, dt_bias=dt_bias,
+        gate_activation=gate_activation, use_qk_l2norm=use_qk_l2norm,
+        use_beta_sigmoid=use_beta_sigmoid, state_layout=state_layout,
+        output_chunk_states=output_chunk_states, algorithm=algorithm,
+        allow_opt_in=allow_opt_in, target=target,
+    )  # fmt: skip
+    tail = _state_tail(q, v, state_layout)
+    o, ht = out[0], out[1]
+    hs = out[2] if output_chunk_states else None
+    return (
+        o,
+        ht if ht is not None else _absent(v, tail),
+        hs.contiguous() if hs is not None else _absent(v, tail),
+    )
+
+
+@_kda_prefill_impl.register_fake
+def _kda_prefill_fake(
+    q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+    gate_lower_bound=-5.0, cu_seqlens=None, cu_seqlens_cpu=None, A_log=None, dt_bias=None,
+    gate_activation="none", use_qk_l2norm=False, use_beta_sigmoid=False, state_layout="kv",
+    output_chunk_states=False, algorithm="auto", allow_opt_in=False, target=None,
+):  # fmt: skip
+    """Shapes and dtypes only: reads no tensor values and never synchronises."""
+    _reject_varlen_chunk_states(cu_seqlens, output_chunk_states)
+    tail = _state_tail(q, v, state_layout)
+    B, T = q.shape[0], q.shape[1]
+    o = torch.empty_like(v)
+    if output_final_state:
+        n = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
+        ht = v.new_empty((n, *tail), dtype=torch.float32)
+    else:
+        ht = _absent(v, tail)
+    if output_chunk_states:  # fixed length only (varlen was rejected above)
+        problem = _problem_from_shapes(
+            q, v, initial_state, output_final_state, gate_lower_bound, cu_seqlens,
+            gate_activation, use_qk_l2norm, use_beta_sigmoid, state_layout, output_chunk_states,
+        )  # fmt: skip
+        chunk = _chunk_size(problem, q, target, algorithm, allow_opt_in)
+        hs = v.new_empty((B * -(-T // chunk), *tail), dtype=torch.float32)
+    else:
+        hs = _absent(v, tail)
+    return o, ht, hs
+
+
+def _chunk_size(problem, q, target, algorithm, allow_opt_in) -> int:
+    """The chunk size of the spec ``kda_prefill`` would select (data-free, cached)."""
+    from kreg.dispatch import select
+
+    selection = select(problem, target=api._target(q, target), algorithm=algorithm,
+                       allow_opt_in=allow_opt_in)  # fmt: skip
+    return selection.spec.tile.chunk
+
+
+def kda_prefill_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    gate_lower_bound: float | None = -5.0,
+    cu_seqlens: torch.Tensor | None = None,
+    cu_seqlens_cpu: torch.Tensor | None = None,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    gate_activation: str = "none",
+    use_qk_l2norm: bool = False,
+    use_beta_sigmoid: bool = False,
+    state_layout: str = "kv",
+    output_chunk_states: bool = False,
+    algorithm: str = "auto",
+    allow_opt_in: bool = False,
+    target=None,
+):
+    """``kda_prefill`` through the ``kreg::kda_prefill`` custom op: same keywords, same returns
+    (``(o, final_state)``, ``final_state`` None unless requested; or ``(o, final_state,
+    chunk_states)``). Traceable by ``torch.compile(fullgraph=True)`` and fake tensors.
+
+    Differences from ``kda_prefill``: ``output_chunk_states=True`` with ``cu_seqlens`` raises
+    ``ValueError`` (module docstring); ``target`` is a registered target's name or a ``Target``
+    (passed by name). See the module docstring for CUDA graph capture requirements.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if not isinstance(x, torch.Tensor):
+            _fail(name, f"expected a torch.Tensor, got {type(x).__name__}")
+    optional = dict(initial_state=initial_state, cu_seqlens=cu_seqlens,
+                    cu_seqlens_cpu=cu_seqlens_cpu, A_log=A_log, dt_bias=dt_bias)  # fmt: skip
+    for name in _OPTIONAL_TENSORS:
+        if optional[name] is not None and not isinstance(optional[name], torch.Tensor):
+            _fail(name, f"expected a torch.Tensor or None, got {type(optional[name]).__name__}")
+    flags = dict(output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
+                 use_beta_sigmoid=use_beta_sigmoid, output_chunk_states=output_chunk_states,
+                 allow_opt_in=allow_opt_in)  # fmt: skip
+    for name in _BOOLS:
+        if not isinstance(flags[name], bool):
+            _fail(name, f"must be a bool, got {flags[name]!r}")
+    strings = dict(gate_activation=gate_activation, state_layout=state_layout,
+                   algorithm=algorithm)  # fmt: skip
+    for name in _STRINGS:
+        if not isinstance(strings[name], str):
+            _fail(name, f"must be a str, got {strings[name]!r}")
+    scale = _number("scale", scale)
+    gate_lower_bound = _number("gate_lower_bound", gate_lower_bound)
+    if target is not None and not isinstance(target, str):
+        name = getattr(target, "name", None)
+        if not isinstance(name, str):
+            _fail("target", f"expected a target name, a Target or None, got {target!r}")
+        target = name
+    _reject_varlen_chunk_states(cu_seqlens, output_chunk_states)
+    o, ht, hs = torch.ops.kreg.kda_prefill(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, gate_lower_bound=gate_lower_bound,
+        cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, A_log=A_log, dt_bias=dt_bias,
+        gate_activation=gate_activation, use_qk_l2norm=use_qk_l2norm,
+        use_beta_sigmoid=use_beta_sigmoid, state_layout=state_layout,
+        output_chunk_states=output_chunk_states, algorithm=algorithm,
+        allow_opt_in=allow_opt_in, target=target,
+    )  # fmt: skip
+    final = ht if output_final_state else None
+    return (o, final, hs) if output_chunk_states else (o, final)
+
+
+def _number(name: str, x):
+    """A float for the schema's ``float?``; bools and non-numbers are rejected by name."""
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        _fail(name, f"must be a finite number or None, got {x!r}")
+    return float(x)

@@ -1,0 +1,304 @@
+"""``kreg::kda_prefill`` custom op: registration, schema, fake (meta) shapes, wrapper validation,
+fake-mode tracing, and (``gpu``) CUDA graph capture.
+
+The main process does not run the Triton interpreter, so nothing here executes a kernel on CPU:
+the fake implementation runs under ``FakeTensorMode``. The op's numerics and ``torch.compile``
+run in the interpreter lane (``tests/interpreter/test_kda_torch_op.py``).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from kreg.dispatch import select
+from kreg.families import kda
+from kreg.families.kda import api, torch_op
+from kreg.families.kda.torch_op import kda_prefill_op
+from kreg.registry import get_registry
+
+FP16, FP32 = torch.float16, torch.float32
+
+
+def fake_inputs(B=2, T=40, H=2, HV=None, K=32, V=32, dtype=FP16, device="cpu"):
+    HV = HV or H
+    return dict(
+        q=torch.empty(B, T, H, K, dtype=dtype, device=device),
+        k=torch.empty(B, T, H, K, dtype=dtype, device=device),
+        v=torch.empty(B, T, HV, V, dtype=dtype, device=device),
+        g=torch.empty(B, T, HV, K, dtype=dtype, device=device),
+        beta=torch.empty(B, T, HV, dtype=dtype, device=device),
+    )
+
+
+def shapes(out):
+    return [None if x is None else (tuple(x.shape), x.dtype) for x in out]
+
+
+def test_registered_and_exported():
+    assert hasattr(torch.ops.kreg, "kda_prefill")
+    assert kda.kda_prefill_op is kda_prefill_op
+    assert "kda_prefill_op" in kda.__all__
+    schema = str(torch.ops.kreg.kda_prefill.default._schema)
+    assert schema.startswith(
+        "kreg::kda_prefill(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta"
+    )
+    for piece in ("float? scale=None", "Tensor? initial_state=None", "float? gate_lower_bound=-5",
+                  "Tensor? cu_seqlens_cpu=None", "str state_layout=\"kv\"", "str? target=None",
+                  "-> (Tensor, Tensor, Tensor)"):  # fmt: skip
+        assert piece in schema, piece
+    # no mutation, no aliasing of inputs
+    args = torch.ops.kreg.kda_prefill.default._schema.arguments
+    assert not any(a.alias_info for a in args)
+
+
+def test_wrapper_mirrors_kda_prefill_keywords():
+    ref = inspect.signature(api.kda_prefill).parameters
+    got = inspect.signature(kda_prefill_op).parameters
+    assert list(got) == list(ref)
+    for name, p in ref.items():
+        assert got[name].kind == p.kind, name
+        assert got[name].default == p.default, name
+    # the raw op takes the same arguments in the same order
+    op_args = [a.name for a in torch.ops.kreg.kda_prefill.default._schema.arguments]
+    assert op_args == list(ref)
+
+
+# --- fake implementation -------------------------------------------------------------------------
+
+
+def run_fake(x, **kw):
+    with FakeTensorMode() as mode:
+        fx = {name: mode.from_tensor(t) for name, t in x.items()}
+        fkw = {n: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for n, t in kw.items()}
+        raw = torch.ops.kreg.kda_prefill(**fx, **fkw)
+        wrapped = kda_prefill_op(**fx, **fkw)
+    return raw, wrapped
+
+
+@pytest.mark.parametrize("dtype", [FP16, FP32, torch.bfloat16])
+def test_fake_plain(dtype):
+    x = fake_inputs(B=2, T=40, H=2, dtype=dtype)
+    raw, wrapped = run_fake(x, output_final_state=True)
+    assert shapes(raw) == [((2, 40, 2, 32), dtype), ((2, 2, 32, 32), FP32), ((0, 2, 32, 32), FP32)]
+    assert shapes(wrapped) == shapes(raw[:2])
+    assert all(isinstance(t, torch._subclasses.fake_tensor.FakeTensor) for t in raw)
+
+
+def test_fake_gqa_and_unequal_head_dims():
+    x = fake_inputs(B=1, T=40, H=2, HV=4, K=32, V=64)
+    raw, wrapped = run_fake(x, output_final_state=True)
+    assert shapes(raw) == [((1, 40, 4, 64), FP16), ((1, 4, 32, 64), FP32), ((0, 4, 32, 64), FP32)]
+    assert shapes(wrapped) == shapes(raw[:2])
+
+
+def test_fake_vk_layout():
+    x = fake_inputs(B=2, T=40, H=1, HV=2, K=32, V=64)
+    raw, wrapped = run_fake(x, output_final_state=True, state_layout="vk")
+    assert shapes(raw)[1:] == [((2, 2, 64, 32), FP32), ((0, 2, 64, 32), FP32)]
+    assert shapes(wrapped) == shapes(raw[:2])
+
+
+def test_fake_varlen():
+    x = fake_inputs(B=1, T=40, H=2, HV=4)
+    cu = torch.tensor([0, 7, 7, 40])
+    raw, wrapped = run_fake(x, output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=cu)
+    assert shapes(raw) == [((1, 40, 4, 32), FP16), ((3, 4, 32, 32), FP32), ((0, 4, 32, 32), FP32)]
+    assert shapes(wrapped) == shapes(raw[:2])
+
+
+def test_fake_no_final_state():
+    x = fake_inputs(B=3, T=40, H=2)
+    raw, wrapped = run_fake(x)
+    assert shapes(raw) == [((3, 40, 2, 32), FP16), ((0, 2, 32, 32), FP32), ((0, 2, 32, 32), FP32)]
+    assert len(wrapped) == 2 and wrapped[1] is None
+
+
+@pytest.mark.parametrize("T", [16, 40, 64, 65, 200])
+def test_fake_chunk_states_fixed_length(T):
+    x = fake_inputs(B=2, T=T, H=2)
+    raw, wrapped = run_fake(x, output_chunk_states=True)
+    problem = torch_op._problem_from_shapes(
+        x["q"], x["v"], None, False, -5.0, None, "none", False, False, "kv", True
+    )
+    chunk = select(problem, target="sm90").spec.tile.chunk
+    assert shapes(raw)[1:] == [((0, 2, 32, 32), FP32), ((2 * -(-T // chunk), 2, 32, 32), FP32)]
+    assert len(wrapped) == 3 and wrapped[1] is None and shapes(wrapped)[2] == shapes(raw)[2]
+
+
+def test_fake_reads_no_values():
+    """Meta tensors hold no data at all: the fake must get by on shapes alone (varlen too)."""
+    x = fake_inputs(B=1, T=40, H=2, device="meta")
+    cu = torch.empty(4, dtype=torch.int64, device="meta")
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        fx = {n: mode.from_tensor(t) for n, t in x.items()}
+        o, ht, hs = torch.ops.kreg.kda_prefill(**fx, output_final_state=True,
+                                               cu_seqlens=mode.from_tensor(cu))  # fmt: skip
+    assert tuple(ht.shape) == (3, 2, 32, 32) and o.device.type == "meta"
+
+
+def test_make_fx_traces_one_op_node():
+    """Tracing with fake tensors (no kernel runs) records the op as a single node."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fn(q, k, v, g, beta, h0):
+        o, ht = kda_prefill_op(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+        return o * 2, ht + 1
+
+    x = fake_inputs(B=1, T=40, H=1, dtype=FP32)
+    h0 = torch.empty(1, 1, 32, 32)
+    gm = make_fx(fn, tracing_mode="fake")(*x.values(), h0)
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.kreg.kda_prefill.default) == 1
+
+
+@pytest.mark.parametrize("chunk_states", [False, True])
+def test_make_fx_symbolic_shapes(chunk_states):
+    """Dynamic shapes: sizes stay symbolic, except that chunk states (whose count depends on the
+    selected spec's chunk) specialise them for the selection."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fn(q, k, v, g, beta, cu):
+        if chunk_states:
+            return kda_prefill_op(q, k, v, g, beta, output_chunk_states=True)
+        return kda_prefill_op(q, k, v, g, beta, cu_seqlens=cu, output_final_state=True)
+
+    x = fake_inputs(B=1, T=40, H=1, dtype=FP32)
+    gm = make_fx(fn, tracing_mode="symbolic")(*x.values(), torch.tensor([0, 10, 40]))
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.kreg.kda_prefill.default in targets
+
+
+# --- validation ----------------------------------------------------------------------------------
+
+
+def test_varlen_chunk_states_rejected():
+    x = fake_inputs(B=1, T=40, H=2)
+    cu = torch.tensor([0, 20, 40])
+    with pytest.raises(ValueError, match="^output_chunk_states: .*cu_seqlens"):
+        kda_prefill_op(**x, cu_seqlens=cu, output_chunk_states=True)
+    with pytest.raises(ValueError, match="^output_chunk_states: "), FakeTensorMode() as mode:
+        fx = {n: mode.from_tensor(t) for n, t in x.items()}
+        torch.ops.kreg.kda_prefill(**fx, cu_seqlens=mode.from_tensor(cu), output_chunk_states=True)
+
+
+@pytest.mark.parametrize(
+    "kw, name",
+    [
+        (dict(k=[1.0]), "k"),
+        (dict(beta=None), "beta"),
+        (dict(initial_state=3), "initial_state"),
+        (dict(cu_seqlens=[0, 40]), "cu_seqlens"),
+        (dict(scale="1"), "scale"),
+        (dict(scale=True), "scale"),
+        (dict(gate_lower_bound="low"), "gate_lower_bound"),
+        (dict(output_final_state=1), "output_final_state"),
+        (dict(use_qk_l2norm="yes"), "use_qk_l2norm"),
+        (dict(state_layout=None), "state_layout"),
+        (dict(algorithm=3), "algorithm"),
+        (dict(target=42), "target"),
+    ],
+)
+def test_wrapper_rejects_bad_arguments_by_name(kw, name):
+    x = {**fake_inputs(B=1, T=40, H=1), **kw}
+    with pytest.raises(ValueError, match=f"^{name}: "):
+        kda_prefill_op(**x)
+
+
+def test_real_impl_errors_surface_as_value_error():
+    """The real implementation's ValueError crosses the dispatcher unchanged (here: CPU tensors
+    outside the interpreter, which ``kda_prefill`` refuses naming q)."""
+    x = {n: torch.zeros_like(t) for n, t in fake_inputs(B=1, T=40, H=1).items()}
+    with pytest.raises(ValueError, match="^q: CPU tensors run under the Triton interpreter"):
+        kda_prefill_op(**x)
+
+
+def test_target_object_passed_by_name():
+    sm90 = get_registry().targets["sm90"]
+    x = fake_inputs(B=1, T=40, H=1)
+    with FakeTensorMode() as mode:
+        fx = {n: mode.from_tensor(t) for n, t in x.items()}
+        out = kda_prefill_op(**fx, output_chunk_states=True, target=sm90)
+    assert out[2].shape[0] >= 1
+
+
+# --- CUDA graph capture (GPU) --------------------------------------------------------------------
+
+
+def _cuda_inputs(B, T, H, HV, K, V, dtype, gen):
+    q = torch.randn(B, T, H, K, generator=gen, device="cuda")
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen, device="cuda"), dim=-1)
+    v = torch.randn(B, T, HV, V, generator=gen, device="cuda")
+    g = -5.0 * torch.rand(B, T, HV, K, generator=gen, device="cuda")
+    beta = torch.rand(B, T, HV, generator=gen, device="cuda")
+    return dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g.to(dtype), beta=beta.to(dtype))
+
+
+GRAPH_CASES = {
+    # name: (B, T, H, HV, K, V, capture-time offsets or None, replay offsets)
+    "fixed": (2, 300, 2, 4, 64, 64, None, [None, None]),
+    # the replays change the offsets (same N)
+    "varlen": (1, 300, 2, 4, 64, 64, [0, 300, 300, 300], [None, [0, 100, 100, 300]]),
+    # few heads, long sequences: the ranker picks a sequence-parallel (segmented) scan; the
+    # capture's longest sequence is shorter than a replay's, which the shape-sized segment grid
+    # must cover
+    "varlen_segments": (1, 16384, 2, 2, 128, 128, [0, 1000, 16384],
+                        [[0, 15000, 16384], [0, 16000, 16384]]),
+}  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(GRAPH_CASES))
+def test_cuda_graph_capture_and_replay(case):
+    """Capture the op with static buffers, replay on new data (and new offsets, same N), compare
+    with eager calls bit for bit."""
+    B, T, H, HV, K, V, capture_offsets, replays = GRAPH_CASES[case]
+    dtype = torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    static = _cuda_inputs(B, T, H, HV, K, V, dtype, gen)
+    n = B if capture_offsets is None else len(capture_offsets) - 1
+    h0 = torch.randn(n, HV, K, V, generator=gen, device="cuda")
+    kw = dict(output_final_state=True)
+    if capture_offsets is not None:
+        capture_cu = torch.tensor(capture_offsets, dtype=torch.int64)
+        cu_dev = capture_cu.cuda()
+        kw.update(cu_seqlens=cu_dev, cu_seqlens_cpu=capture_cu)
+    if case == "varlen_segments":
+        problem = torch_op._problem_from_shapes(
+            static["q"], static["v"], h0, True, -5.0, cu_dev, "none", False, False, "kv", False
+        )
+        if not select(problem).spec.scan.segment_chunks:
+            pytest.skip("this target's selection uses no segmented scan for this case")
+
+    def call():
+        return kda_prefill_op(**static, initial_state=h0, **kw)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # warm-up: compile the kernels, cache the selection
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_s, ht_s = call()
+
+    for offsets in replays:
+        fresh = _cuda_inputs(B, T, H, HV, K, V, dtype, gen)
+        fresh_h0 = torch.randn(n, HV, K, V, generator=gen, device="cuda")
+        for name, t in fresh.items():
+            static[name].copy_(t)
+        h0.copy_(fresh_h0)
+        eager_kw = dict(output_final_state=True)
+        if capture_offsets is not None:
+            cu = capture_cu if offsets is None else torch.tensor(offsets, dtype=torch.int64)
+            cu_dev.copy_(cu)
+            eager_kw.update(cu_seqlens=cu.cuda(), cu_seqlens_cpu=cu)
+        graph.replay()
+        torch.cuda.synchronize()
+        o_ref, ht_ref = api.kda_prefill(**fresh, initial_state=fresh_h0, **eager_kw)
+        assert torch.equal(o_s, o_ref)
+        assert torch.equal(ht_s, ht_ref)
