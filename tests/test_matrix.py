@@ -72,7 +72,7 @@ def test_rows_cover_every_candidate_and_target(reg, rows):
         assert f"| {r.valid} / {r.rejected} |" in text
     fused = [r for r in rows if r.candidate == "kda.fused"]
     assert fused and all(r.opt_in for r in fused)
-    assert "measured slower than split" in text
+    assert reg.candidates["kda.fused"].opt_in_reason in text
 
 
 def test_claimed_cells_validate(reg, rows):
