@@ -71,6 +71,7 @@ skip graph capture for that graph (CPU inputs are not graph-safe); capture by ha
 
 from __future__ import annotations
 
+import inspect
 import numbers
 
 import torch
@@ -226,30 +227,7 @@ def _chunk_size(problem, q, target, algorithm, allow_opt_in) -> int:
     return selection.spec.tile.chunk
 
 
-def kda_prefill_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    *,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    gate_lower_bound: float | None = -5.0,
-    cu_seqlens: torch.Tensor | None = None,
-    cu_seqlens_cpu: torch.Tensor | None = None,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    gate_activation: str = "none",
-    use_qk_l2norm: bool = False,
-    use_beta_sigmoid: bool = False,
-    state_layout: str = "kv",
-    output_chunk_states: bool = False,
-    algorithm: str = "auto",
-    allow_opt_in: bool = False,
-    target=None,
-):
+def kda_prefill_op(q, k, v, g, beta, **options):
     """``kda_prefill`` through the ``kreg::kda_prefill`` custom op: same keywords, same returns
     (``(o, final_state)``, ``final_state`` None unless requested; or ``(o, final_state,
     chunk_states)``). Traceable by ``torch.compile(fullgraph=True)`` and fake tensors.
@@ -258,44 +236,37 @@ def kda_prefill_op(
     ``ValueError`` (module docstring); ``target`` is a registered target's name or a ``Target``
     (passed by name). See the module docstring for CUDA graph capture requirements.
     """
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        if not isinstance(x, torch.Tensor):
-            _fail(name, f"expected a torch.Tensor, got {type(x).__name__}")
-    optional = dict(initial_state=initial_state, cu_seqlens=cu_seqlens,
-                    cu_seqlens_cpu=cu_seqlens_cpu, A_log=A_log, dt_bias=dt_bias)  # fmt: skip
+    a = _PREFILL_SIGNATURE.bind(q, k, v, g, beta, **options)  # unknown keywords: TypeError
+    a.apply_defaults()
+    a = a.arguments
+    for name in ("q", "k", "v", "g", "beta"):
+        if not isinstance(a[name], torch.Tensor):
+            _fail(name, f"expected a torch.Tensor, got {type(a[name]).__name__}")
     for name in _OPTIONAL_TENSORS:
-        if optional[name] is not None and not isinstance(optional[name], torch.Tensor):
-            _fail(name, f"expected a torch.Tensor or None, got {type(optional[name]).__name__}")
-    flags = dict(output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
-                 use_beta_sigmoid=use_beta_sigmoid, output_chunk_states=output_chunk_states,
-                 allow_opt_in=allow_opt_in)  # fmt: skip
+        if a[name] is not None and not isinstance(a[name], torch.Tensor):
+            _fail(name, f"expected a torch.Tensor or None, got {type(a[name]).__name__}")
     for name in _BOOLS:
-        if not isinstance(flags[name], bool):
-            _fail(name, f"must be a bool, got {flags[name]!r}")
-    strings = dict(gate_activation=gate_activation, state_layout=state_layout,
-                   algorithm=algorithm)  # fmt: skip
+        if not isinstance(a[name], bool):
+            _fail(name, f"must be a bool, got {a[name]!r}")
     for name in _STRINGS:
-        if not isinstance(strings[name], str):
-            _fail(name, f"must be a str, got {strings[name]!r}")
-    scale = _number("scale", scale)
-    gate_lower_bound = _number("gate_lower_bound", gate_lower_bound)
+        if not isinstance(a[name], str):
+            _fail(name, f"must be a str, got {a[name]!r}")
+    a["scale"] = _number("scale", a["scale"])
+    a["gate_lower_bound"] = _number("gate_lower_bound", a["gate_lower_bound"])
+    target = a["target"]
     if target is not None and not isinstance(target, str):
         name = getattr(target, "name", None)
         if not isinstance(name, str):
             _fail("target", f"expected a target name, a Target or None, got {target!r}")
-        target = name
-    _reject_varlen_chunk_states(cu_seqlens, output_chunk_states)
-    o, ht, hs = torch.ops.kreg.kda_prefill(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state,
-        output_final_state=output_final_state, gate_lower_bound=gate_lower_bound,
-        cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, A_log=A_log, dt_bias=dt_bias,
-        gate_activation=gate_activation, use_qk_l2norm=use_qk_l2norm,
-        use_beta_sigmoid=use_beta_sigmoid, state_layout=state_layout,
-        output_chunk_states=output_chunk_states, algorithm=algorithm,
-        allow_opt_in=allow_opt_in, target=target,
-    )  # fmt: skip
-    final = ht if output_final_state else None
-    return (o, final, hs) if output_chunk_states else (o, final)
+        a["target"] = name
+    _reject_varlen_chunk_states(a["cu_seqlens"], a["output_chunk_states"])
+    o, ht, hs = torch.ops.kreg.kda_prefill(**a)
+    final = ht if a["output_final_state"] else None
+    return (o, final, hs) if a["output_chunk_states"] else (o, final)
+
+
+_PREFILL_SIGNATURE = inspect.signature(api.kda_prefill)
+kda_prefill_op.__signature__ = _PREFILL_SIGNATURE
 
 
 def _number(name: str, x):
