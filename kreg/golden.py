@@ -58,36 +58,11 @@ def triton_version() -> str:
     return triton.__version__
 
 
-# --- normalisation ------------------------------------------------------------------------------
-# ``normalise_ir`` (kreg.registry.compile) strips locations, file paths and most debug info; these
-# patterns remove what it leaves that still depends on where a kernel sits in its source file:
-# distinct debug-info metadata (line numbers of DISubprogram), `!dbg` attachments written without
-# a leading comma, and the temporary labels ptx/amdgcn emit for every `.loc` (their numbering
-# follows the line table), when nothing else refers to them.
-
-_EXTRA_PATTERNS = (
-    re.compile(r"^!\d+ = distinct !DI.*$", re.M),
-    re.compile(r"\s*!dbg !\d+"),
-)
-_TMP_LABEL = re.compile(r"^(\$L__tmp\d+|\.Ltmp\d+):[ \t]*$", re.M)
-
-
-def normalise(text: str) -> str:
-    """The text that is hashed: ``normalise_ir`` plus the location-dependent leftovers."""
-    text = normalise_ir(text)
-    for pattern in _EXTRA_PATTERNS:
-        text = pattern.sub("", text)
-    labels = set(_TMP_LABEL.findall(text))
-    if labels:
-        body = _TMP_LABEL.sub("", text)
-        used = {label for label in labels if re.search(re.escape(label) + r"(?!\d)", body)}
-        text = _TMP_LABEL.sub(lambda m: m.group(0) if m.group(1) in used else "", text)
-    lines = [line.rstrip() for line in text.splitlines()]
-    return "\n".join(line for line in lines if line.strip()) + "\n"
+# --- hashing ------------------------------------------------------------------------------------
 
 
 def digest(text: str) -> dict[str, Any]:
-    data = normalise(text).encode()
+    data = normalise_ir(text).encode()
     return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
@@ -473,7 +448,7 @@ def case_ir(
                 continue
             for sname in _ordered(set(artifact.stages)):
                 if stage is None or sname == stage:
-                    out[f"{name}/{kname}/{sname}"] = normalise(artifact.stages[sname])
+                    out[f"{name}/{kname}/{sname}"] = normalise_ir(artifact.stages[sname])
     return out
 
 
@@ -549,7 +524,7 @@ def case_ir_at_revision(
         if not Path(result["kreg"]).resolve().is_relative_to(tree.resolve()):
             raise ValueError(f"the {revision} build imported kreg from {result['kreg']}")
     return {
-        key: text if key.endswith("/skipped") else normalise(text)
+        key: text if key.endswith("/skipped") else normalise_ir(text)
         for key, text in result["ir"].items()
     }
 

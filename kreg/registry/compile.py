@@ -105,16 +105,26 @@ _LOC_PATTERNS = (
     re.compile(r"\s*loc\((?:[^()]|\([^()]*\))*\)"),  # inline loc(...) attributes
     re.compile(r"^\s*\.file\s+\d+\s+\".*$", re.M),  # ptx / amdgcn .file directives
     re.compile(r"^\s*\.loc\s+.*$", re.M),  # ptx / amdgcn .loc directives
-    re.compile(r"^!\d+ = !DI.*$", re.M),  # llvm debug-info metadata
-    re.compile(r", !dbg !\d+"),  # llvm debug attachments
+    re.compile(r"^!\d+ = (?:distinct )?!DI.*$", re.M),  # llvm debug-info metadata
+    re.compile(r",?\s*!dbg !\d+"),  # llvm debug attachments
     re.compile(r"^\s*(?:source_filename|!llvm\.dbg\.cu|!llvm\.module\.flags).*$", re.M),
     re.compile(r"^\s*\.section\s+\.debug_\w+.*?(?=^\s*\.section(?!\s+\.debug)|\Z)", re.M | re.S),
 )
 
 
+# Temporary labels ptx / amdgcn emit for every `.loc`: their numbering follows the line table.
+_TMP_LABEL = re.compile(r"^(\$L__tmp\d+|\.Ltmp\d+):[ \t]*$", re.M)
+
+
 def normalise_ir(text: str) -> str:
-    """Strip source locations, file paths and debug info so the hash depends on the IR alone."""
+    """Strip source locations, file paths and debug info so the hash depends on the IR alone
+    (identical for the same kernel at another checkout path or source line)."""
     for pattern in _LOC_PATTERNS:
         text = pattern.sub("", text)
+    labels = set(_TMP_LABEL.findall(text))
+    if labels:  # drop the line-table labels nothing else refers to
+        body = _TMP_LABEL.sub("", text)
+        used = {label for label in labels if re.search(re.escape(label) + r"(?!\d)", body)}
+        text = _TMP_LABEL.sub(lambda m: m.group(0) if m.group(1) in used else "", text)
     lines = [line.rstrip() for line in text.splitlines()]
     return "\n".join(line for line in lines if line.strip()) + "\n"
