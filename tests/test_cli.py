@@ -142,3 +142,18 @@ def test_user_error_subprocess(kreg):
         "kreg: error: no candidate serves VecProblem(n=0, dtype='fp32') on sm90 | "
         "testfam.fast: problem: n must be positive | testfam.simple: problem: n must be positive"
     ]
+
+
+def test_build_kda_leaves_out_kernels_the_spec_does_not_use(kreg):
+    """The README demo's build: kda.split's segment kernels exist only for segmented scans."""
+    r = kreg("build", "kda", "--target", "sm90", "--json", KREG_PLUGINS="none")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["candidate"] == "kda.split"
+    names = [k["kernel"] for k in data["kernels"]]
+    assert data["spec"]["scan"]["segment_chunks"] == 0
+    assert names == ["prep", "scan"]
+    assert all(k["shared_bytes"] > 0 and k["registers"] > 0 for k in data["kernels"])
+    r = kreg("build", "kda", "--target", "sm90", "--kernel", "segment_map", KREG_PLUGINS="none")
+    assert r.returncode == 2
+    assert r.stderr.startswith("kreg: error:") and "uses none of the kernels" in r.stderr

@@ -53,6 +53,8 @@ def run(args) -> int:
             )
         builders = {args.kernel: builders[args.kernel]}
     artifacts = compile_all(builders, spec, target)
+    if not artifacts:
+        raise CliError(f"{spec!r} uses none of the kernels asked for ({', '.join(builders)})")
 
     if args.stage:
         for name, art in artifacts.items():
@@ -129,7 +131,8 @@ def _default_problem(family):
 
 
 def compile_all(builders: dict, spec, target) -> dict:
-    """Compile each builder, with a progress bar on stderr when it is a terminal."""
+    """Compile each builder, with a progress bar on stderr when it is a terminal. A builder
+    returns None for a kernel the spec does not use; those are left out."""
     from tqdm import tqdm
 
     out = {}
@@ -143,5 +146,7 @@ def compile_all(builders: dict, spec, target) -> dict:
     )
     for name, build in bar:
         bar.set_postfix_str(name)
-        out[name] = build(spec, target)
+        artifact = build(spec, target)
+        if artifact is not None:
+            out[name] = artifact
     return out
