@@ -95,3 +95,23 @@ def testfam(plugin_env):
     """The registry with the test-only family installed through entry point ``testfam``."""
     plugin_env.install("testfam", "kreg_testfam.plugin")
     return plugin_env.registry()
+
+
+@pytest.fixture(scope="module")
+def builtin_registry():
+    """The process-wide registry with built-in plugins only (what the committed generated files
+    describe), restored afterwards."""
+    from kreg.dispatch import clear_cache
+    from kreg.registry import get_registry, reset_registry
+
+    old = os.environ.get("KREG_PLUGINS")
+    os.environ["KREG_PLUGINS"] = "none"
+    reset_registry()
+    clear_cache()
+    yield get_registry()
+    if old is None:
+        del os.environ["KREG_PLUGINS"]
+    else:
+        os.environ["KREG_PLUGINS"] = old
+    reset_registry()
+    clear_cache()

@@ -12,26 +12,14 @@ from pathlib import Path
 import pytest
 
 from kreg import docsgen
-from kreg.dispatch import clear_cache
-from kreg.registry import get_registry, reset_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = (docsgen.INDEX, Path("docs/families/kda.md"))
 
 
 @pytest.fixture(scope="module")
-def reg():
-    old = os.environ.get("KREG_PLUGINS")
-    os.environ["KREG_PLUGINS"] = "none"  # builtins only: what the committed docs describe
-    reset_registry()
-    clear_cache()
-    yield get_registry()
-    if old is None:
-        del os.environ["KREG_PLUGINS"]
-    else:
-        os.environ["KREG_PLUGINS"] = old
-    reset_registry()
-    clear_cache()
+def reg(builtin_registry):
+    return builtin_registry
 
 
 @pytest.fixture

@@ -10,26 +10,15 @@ from pathlib import Path
 import pytest
 
 from kreg import golden, matrix
-from kreg.dispatch import NoCandidateError, clear_cache, select
+from kreg.dispatch import NoCandidateError, select
 from kreg.problems import LinearAttentionProblem
-from kreg.registry import get_registry, reset_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def reg():
-    old = os.environ.get("KREG_PLUGINS")
-    os.environ["KREG_PLUGINS"] = "none"  # builtins only: what the committed files describe
-    reset_registry()
-    clear_cache()
-    yield get_registry()
-    if old is None:
-        del os.environ["KREG_PLUGINS"]
-    else:
-        os.environ["KREG_PLUGINS"] = old
-    reset_registry()
-    clear_cache()
+def reg(builtin_registry):
+    return builtin_registry
 
 
 @pytest.fixture(scope="module")
