@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The GPU lane, for one call on a lent GPU machine (its image already has torch, triton, pluggy,
+# attrs and pytest; fla-core travels as a wheel in .whl/ when present): the gpu-marked tests, then
+# the case-study probes. Logs and JSON under ${OUT:-gpu_out}.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-gpu_out}"
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
+    export PYTHONPATH="/tmp/site:$PYTHONPATH"
+fi
+export FLA_DISABLE_BACKEND_DISPATCH=1 PYTHONUNBUFFERED=1
+python3 -m pytest -m gpu -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_lane.log"
+rc=${PIPESTATUS[0]}
+python3 benchmarks/kda_case_study.py --out "$OUT" 2>&1 | tee "$OUT/case_study.log"
+exit "$rc"
