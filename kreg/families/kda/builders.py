@@ -10,11 +10,6 @@ from kreg.registry.model import Artifact, Target
 from . import kernels
 from .specs import KdaChunkFusedSpec, KdaScanSpec, KdaTileSpec
 
-_GATE_ACT = {
-    "none": kernels.GATE_NONE,
-    "sigmoid_bound": kernels.GATE_SIGMOID_BOUND,
-    "softplus": kernels.GATE_SOFTPLUS,
-}
 _SCALARS = {"T": "i32", "H": "i32", "HV": "i32", "scale": "fp32", "lower_bound": "fp32"}
 _TABLES = {"chunk_seq": "*i32", "seq_chunk": "*i32", "cu_seqlens": "*i64"}
 
@@ -38,7 +33,7 @@ def _states(spec: KdaScanSpec) -> dict[str, str]:
 def _tile_constexprs(spec: KdaTileSpec) -> dict:
     return dict(
         K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, BS=spec.solve_block,
-        GATE_ACT=_GATE_ACT[spec.gate_activation], QK_L2=spec.qk_l2norm,
+        GATE_ACT=kernels.GATE_ACT[spec.gate_activation], QK_L2=spec.qk_l2norm,
         BETA_SIG=spec.beta_sigmoid, FP32_DOT=spec.fp32_dot, ANCHOR_ROW=spec.anchor == "row",
     )  # fmt: skip
 

@@ -11,9 +11,6 @@ import triton
 
 from . import kernels
 
-_GATE_ACT = {"none": kernels.GATE_NONE, "sigmoid_bound": kernels.GATE_SIGMOID_BOUND,
-             "softplus": kernels.GATE_SOFTPLUS}  # fmt: skip
-
 
 @attrs.frozen
 class Call:
@@ -77,7 +74,7 @@ def _common(call: Call):
     HV, V = call.v.shape[2], call.v.shape[3]
     return dict(
         T=call.q.shape[1], H=H, HV=HV, scale=call.scale, lower_bound=call.lower_bound,
-        K=K, V=V, GATE_ACT=_GATE_ACT[call.gate_activation], QK_L2=call.qk_l2norm,
+        K=K, V=V, GATE_ACT=kernels.GATE_ACT[call.gate_activation], QK_L2=call.qk_l2norm,
         BETA_SIG=call.beta_sigmoid,
     )  # fmt: skip
 
