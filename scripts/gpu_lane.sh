@@ -12,7 +12,11 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     export PYTHONPATH="/tmp/site:$PYTHONPATH"
 fi
 export FLA_DISABLE_BACKEND_DISPATCH=1 PYTHONUNBUFFERED=1
-python3 -m pytest -m gpu -q -s -p no:cacheprovider 2>&1 | tee "$OUT/gpu_lane.log"
+# tests in parallel processes where pytest-xdist is there: the lane is compile-bound
+par=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${GPU_LANE_WORKERS:-4}")
+timeout "${GPU_LANE_TIMEOUT:-380}" python3 -m pytest -m gpu -q -rP $par -p no:cacheprovider \
+  --junitxml="$OUT/gpu_lane.xml" 2>&1 | tee "$OUT/gpu_lane.log"
 rc=${PIPESTATUS[0]}
-python3 benchmarks/kda_case_study.py --out "$OUT" 2>&1 | tee "$OUT/case_study.log"
+[ "${SKIP_CASE_STUDY:-0}" = 1 ] ||
+  timeout "${CASE_STUDY_TIMEOUT:-190}" python3 benchmarks/kda_case_study.py --out "$OUT" 2>&1 | tee "$OUT/case_study.log"
 exit "$rc"

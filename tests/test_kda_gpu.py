@@ -299,3 +299,69 @@ def test_production_argument_set(B, T, H, record_property):
     # no worse than the peer (5 % slack on its error)
     assert eo <= 1.05 * fo_err, (eo, fo_err)
     assert eh <= 1.05 * fh_err, (eh, fh_err)
+
+
+# --- options not in the production set ------------------------------------------------------
+
+
+def test_unbounded_gates_with_hard_resets(record_property):
+    """No lower bound: softplus-scale decays with g = -1000 resets, on the row-anchor path the
+    dispatcher picks from the gate bound; finite, within the budget, split == fused."""
+    B, T, H = 1, 8192, 8
+    x = make(B, T, H, seed=21)
+    gen = torch.Generator(device="cuda").manual_seed(22)
+    g = -torch.nn.functional.softplus(3 * torch.randn(B, T, H, 128, device="cuda", generator=gen))
+    g[:, 1000] = -1000.0  # a whole-token reset
+    g[:, 5000, :, ::2] = -1000.0  # half the channels of another
+    x["g"] = g.to(BF16)
+    assert x["g"].float().min() == -1000.0
+    h0 = initial_state(B, H)
+    problem, _ = api._prepare(**x, **{**_PREPARE_DEFAULTS, "gate_lower_bound": None})
+    assert select(problem, "sm90").spec.tile.anchor == "row"
+    kw = dict(gate_lower_bound=None, initial_state=h0, output_final_state=True)
+    o, ht = api.kda_prefill(**x, **kw)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    ro, rh = token_serial_f64(**x, initial_state=h0)
+    eo, eh = rel_rms(o, ro), rel_rms(ht, rh)
+    report(record_property, "unbounded_o_rel_rms", eo)
+    report(record_property, "unbounded_state_rel_rms", eh)
+    assert eo <= MAX_REL_RMS and eh <= MAX_REL_RMS, (eo, eh)
+    so, sht = run_pinned(x, **kw)
+    fo, fht = api.kda_prefill(**x, **kw, algorithm="kda.fused")
+    assert torch.equal(so, fo) and torch.equal(sht, fht), "split != fused"
+
+
+def test_vk_layout_bf16_initial_state_and_chunk_states():
+    """State layout [V, K] with a bf16 initial state: the transposes of the [K, V] run's
+    states, bit for bit, and the chunk states follow the same layout."""
+    B, T, H = 2, 4096, 8
+    x = make(B, T, H, seed=23)
+    h0 = initial_state(B, H).to(BF16)
+    kw = dict(output_final_state=True, output_chunk_states=True)
+    o, ht, hs = api.kda_prefill(**x, initial_state=h0, **kw)
+    o_vk, ht_vk, hs_vk = api.kda_prefill(
+        **x, initial_state=h0.transpose(-1, -2).contiguous(), state_layout="vk", **kw
+    )
+    assert torch.equal(o, o_vk)
+    assert torch.equal(ht, ht_vk.transpose(-1, -2))
+    assert torch.equal(hs, hs_vk.transpose(-1, -2))
+    ro, rh = token_serial_f64(**x, initial_state=h0.float())
+    assert rel_rms(o, ro) <= MAX_REL_RMS and rel_rms(ht, rh) <= MAX_REL_RMS
+
+
+def test_custom_op_under_torch_compile_inductor():
+    """The custom op inside a compiled function (inductor, fullgraph): no graph break, and the
+    same bits as the eager call."""
+    from kreg.families.kda import kda_prefill_op
+
+    x = make(1, 4096, 8, seed=24)
+    h0 = initial_state(1, 8)
+
+    def f(q, k, v, g, beta, h0):
+        o, ht = kda_prefill_op(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+        return o * 2, ht + 1
+
+    compiled = torch.compile(f, fullgraph=True)
+    o_c, ht_c = compiled(**x, h0=h0)
+    o_e, ht_e = api.kda_prefill(**x, initial_state=h0, output_final_state=True)
+    assert torch.equal(o_c, o_e * 2) and torch.equal(ht_c, ht_e + 1)
