@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import warnings
 
+import attrs
 import pytest
 import triton
 
@@ -188,10 +189,25 @@ def test_stale_section_never_half_used(vec, table):
         assert select(vec[0](), "sm90").spec.tile.block == 64
 
 
-def test_tuning_entry_matching_no_valid_spec_warns(vec, table):
+def test_tuning_entry_matching_no_enumerated_spec_warns(vec, table):
     table(section(entries=[{"candidate": "testfam.simple", "spec": {"tile": {"block": 7}}}]))
-    with pytest.warns(TuningWarning, match="matches no valid spec"):
+    with pytest.warns(TuningWarning, match="matches no spec of the sm90 enumeration"):
         assert select(vec[0](), "sm90").decided_by == "priority"
+
+
+def test_tuning_entry_invalid_for_the_problem_does_not_apply_silently():
+    """The packaged sm90 entries pin block-anchor specs; unbounded gates need the row anchor,
+    so for them the entry does not apply, and that is not a stale table."""
+    from kreg.problems import LinearAttentionProblem
+
+    bounded = LinearAttentionProblem(
+        batch=1, seq_len=8192, heads_qk=8, heads_v=8, head_dim_k=128, head_dim_v=128
+    )
+    assert select(bounded, "sm90").decided_by.startswith("tuning table entry")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sel = select(attrs.evolve(bounded, gate_lower_bound=None), "sm90")
+    assert sel.spec.tile.anchor == "row" and sel.decided_by.startswith("heuristic")
 
 
 def test_malformed_tuning_table_warns(vec, table):

@@ -142,12 +142,19 @@ def tuned_spec(
                     return spec, f"tuning table entry {entry.get('spec', {})} for bucket " + (
                         f"{entry.get('bucket', {})} ({where})"
                     )
-            warnings.warn(
-                f"tuning {where}: entry {entry} for {candidate.name} matches no valid spec, "
-                "ignored",
-                TuningWarning,
-                stacklevel=2,
-            )
+            # An entry whose specs are all invalid for this problem (say, a block-anchor entry
+            # for unbounded gates) simply does not apply; one that names no spec of the
+            # enumeration at all is stale.
+            if not any(
+                _subset(entry.get("spec", {}), _spec_fields(spec))
+                for spec in candidate.enumerate_specs(target)
+            ):
+                warnings.warn(
+                    f"tuning {where}: entry {entry} for {candidate.name} matches no spec of the "
+                    f"{target.name} enumeration, ignored",
+                    TuningWarning,
+                    stacklevel=2,
+                )
     return None
 
 

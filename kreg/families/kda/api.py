@@ -96,7 +96,6 @@ def _total_chunks(call: launch.Call, chunk: int) -> int:
 
 def _target(q: torch.Tensor, target):
     from kreg.registry import get_registry
-    from kreg.registry.targets import detect
 
     registry = get_registry()
     if target is not None:
@@ -107,10 +106,24 @@ def _target(q: torch.Tensor, target):
         return target
     if q.device.type == "cpu":
         return registry.targets["sm90"]  # interpreter runs: select with sm90's rules
-    found = detect()
+    found = _detected(q.device.index, registry)
     if found is None:
         raise ValueError(f"target: no registered target matches the device of q ({q.device})")
     return found
+
+
+_detected_targets: dict = {}
+
+
+def _detected(index, registry):
+    """detect() once per (device, registry): reading device properties costs ~30 us a call."""
+    from kreg.registry.targets import detect
+
+    key = (index, id(registry))
+    if key not in _detected_targets:
+        with torch.cuda.device(index):
+            _detected_targets[key] = detect(registry.targets.values())
+    return _detected_targets[key]
 
 
 def _fail(name: str, message: str):

@@ -64,6 +64,7 @@ def _chunk_tiles(
     gkt = (K * exp(G_C - G))^T laid out [K, C] so the scan needs no transpose, dec = exp(G_C).
     """
     NB: tl.constexpr = C // BS
+    LOG2_BS: tl.constexpr = BS.bit_length() - 1
     rows = tl.arange(0, C)
     valid = rows < n
 
@@ -158,13 +159,17 @@ def _chunk_tiles(
     beta3 = tl.reshape(beta, (NB, BS))[:, :, None]
     a_diag = a_diag * beta3
     n3 = n3 * beta3
-    # diagonal blocks by forward substitution, all sub-blocks at once
+    # Diagonal blocks, all sub-blocks at once, by doubling: L = diag(beta) A is strictly lower
+    # (nilpotent, L^BS = 0), so (I + L)^-1 = (I - L)(I + L^2)(I + L^4)...(I + L^(BS/2)):
+    # 2 log2(BS) - 2 batched products instead of BS - 1 dependent row updates (measured 24%
+    # faster prep on the H200 at chunk 32). ieee products whatever FP32_DOT says: the powers of
+    # L carry the whole inverse, and tf32's 10-bit mantissa would compound through them.
     eye = tl.where(ri == ci, 1.0, 0.0) + tl.zeros((NB, BS, BS), dtype=tl.float32)
-    td = eye
-    for r in tl.static_range(1, BS):
-        a_r = tl.sum(tl.where(ri == r, a_diag, 0.0), axis=1)  # row r of each block [NB, BS]
-        t_r = tl.sum(tl.where(ri == r, td, 0.0), axis=1) - tl.sum(a_r[:, :, None] * td, axis=1)
-        td = tl.where(ri == r, t_r[:, None, :], td)
+    td = eye - a_diag
+    lp = a_diag
+    for _ in tl.static_range(1, LOG2_BS):
+        lp = tl.dot(lp, lp, input_precision="ieee")
+        td = tl.dot(td, lp, acc=td, input_precision="ieee")
     # T by block rows: T_I = Td_I (E_I - N_I T), E_I the identity rows of block I
     t3 = tl.reshape(
         tl.broadcast_to(td[:, :, None, :], (NB, BS, NB, BS)),

@@ -22,11 +22,13 @@ SOLVE_BLOCKS = (16, 32)
 TILE_SHAPES = {
     32: ((16, 16, 4), (32, 16, 4), (32, 32, 4), (64, 16, 8), (64, 32, 8)),
     64: ((16, 16, 4), (32, 16, 4), (32, 32, 4), (64, 16, 8), (64, 32, 8)),
-    128: ((16, 16, 4), (32, 16, 4), (32, 16, 8), (64, 16, 8)),
+    128: ((16, 16, 2), (16, 16, 4), (32, 16, 4), (32, 16, 8), (64, 16, 8)),
     256: ((16, 16, 4), (16, 16, 8), (32, 16, 8)),
 }
-# Software pipelining depth of the scan's tile loads: AMD's LDS is smaller.
-SCAN_STAGES_BY_BACKEND = {"cuda": 2, "hip": 1}
+# (num_warps, num_stages) of the scan worth enumerating: pipelining depth of the tile loads and
+# the warps on the dependency chain. On sm90 three stages and two warps each won at some shapes
+# (H200 probe, 2026-12-02: docs/kda/SPEED.md); AMD's LDS is smaller and was never measured.
+SCAN_PIPELINES_BY_BACKEND = {"cuda": ((4, 2), (4, 3), (2, 2), (2, 3)), "hip": ((4, 1),)}
 SEGMENT_CHUNKS = (0, 16, 64)
 FP32_DOT_BY_BACKEND = {"cuda": ("tf32", "tf32x3", "ieee"), "hip": ("ieee",)}
 
@@ -137,8 +139,12 @@ def _tile_phase_bytes(s: KdaTileSpec) -> int:
 
 def _scan_phase_bytes(s: KdaScanSpec, bv: int, stages: int) -> int:
     c, k = s.chunk, s.head_dim_k
-    # an unknown dtype is a rule's reason, not an error here: count it at 4 bytes
-    return 2 * stages * DTYPE_BYTES.get(s.dtype, 4) * (2 * c * k + c * bv + k * bv)
+    # One tile-dtype copy of every dot operand: the tiles loaded per chunk (W, Q*Gamma,
+    # (K*Gamma')^T, Aqk, U), counted once per pipeline stage, plus the state and the residual
+    # converted for their products. Triton 3.6 on sm90 allocates exactly the one-stage sum.
+    # An unknown dtype is a rule's reason, not an error here: count it at 4 bytes.
+    loads = 3 * c * k + c * c + c * bv
+    return DTYPE_BYTES.get(s.dtype, 4) * (stages * loads + k * bv + c * bv)
 
 
 # --- enumeration ---------------------------------------------------------------------------------
@@ -157,15 +163,16 @@ def enumerate_tile_specs(target: Target) -> list[KdaTileSpec]:
 
 
 def enumerate_scan_specs(target: Target) -> list[KdaScanSpec]:
-    stages = SCAN_STAGES_BY_BACKEND[target.backend]
     return [
         KdaScanSpec(
-            head_dim_k=d, head_dim_v=d, chunk=c, block_v=bv, num_stages=stages, segment_chunks=seg
+            head_dim_k=d, head_dim_v=d, chunk=c, block_v=bv, num_warps=warps, num_stages=stages,
+            segment_chunks=seg,
         )  # fmt: skip
         for d in HEAD_DIMS
         for c in CHUNKS
         if any(t[0] == c for t in TILE_SHAPES[d])
         for bv in sorted({32, min(64, d)})
+        for warps, stages in SCAN_PIPELINES_BY_BACKEND[target.backend]
         for seg in SEGMENT_CHUNKS
     ]
 
