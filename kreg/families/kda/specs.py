@@ -165,7 +165,12 @@ def enumerate_tile_specs(target: Target) -> list[KdaTileSpec]:
 def enumerate_scan_specs(target: Target) -> list[KdaScanSpec]:
     return [
         KdaScanSpec(
-            head_dim_k=d, head_dim_v=d, chunk=c, block_v=bv, num_warps=warps, num_stages=stages,
+            head_dim_k=d,
+            head_dim_v=d,
+            chunk=c,
+            block_v=bv,
+            num_warps=warps,
+            num_stages=stages,
             segment_chunks=seg,
         )  # fmt: skip
         for d in HEAD_DIMS
