@@ -18,9 +18,10 @@ from .builders import (
 ABI_VERSION = 1
 
 FUSED_OPT_IN_REASON = (
-    "measured 1.7-12x slower than split on the H200 across the KDA scenario (2026-12-02, "
-    "docs/kda/CASE_STUDY.md): one program per (sequence, head) serialises the parallel tile "
-    "phase, and holding both phases live spills registers; the seed saw the same on gfx950"
+    "measured 2.5-50x slower than the tuned split on the H200 across the KDA scenario "
+    "(2026-12-03; 1.7-12x against the untuned split on 2026-12-02, docs/kda/CASE_STUDY.md): one "
+    "program per (sequence, head) serialises the parallel tile phase, and holding both phases "
+    "live spills registers; the seed saw the same on gfx950"
 )
 
 
