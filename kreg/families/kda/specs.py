@@ -172,7 +172,7 @@ def enumerate_scan_specs(target: Target) -> list[KdaScanSpec]:
             num_warps=warps,
             num_stages=stages,
             segment_chunks=seg,
-        )  # fmt: skip
+        )
         for d in HEAD_DIMS
         for c in CHUNKS
         if any(t[0] == c for t in TILE_SHAPES[d])
