@@ -27,7 +27,7 @@ import triton
 
 from kreg.bench import device_ms
 from kreg.dispatch import select
-from kreg.families.kda import api, launch
+from kreg.families.kda import api, launch, specs
 from kreg.registry import get_registry
 from kreg.registry.targets import detect
 
@@ -59,14 +59,7 @@ def spec_fields(spec) -> dict:
 
 
 def valid_splits(problem, target, chunks) -> list:
-    split = get_registry().candidates["kda.split"]
-    out = []
-    for s in split.enumerate_specs(target):
-        s = split.specialize(s, problem)
-        if (s is not None and s.tile.chunk in chunks and s not in out
-                and split.is_valid(s, target, problem)):  # fmt: skip
-            out.append(s)
-    return out
+    return [s for s in specs.valid_split_specs(target, problem) if s.tile.chunk in chunks]
 
 
 def _compile(shapes, chunks):
@@ -135,7 +128,8 @@ def tune_shape(B, T, H, target, chunks, reps) -> tuple[list, dict | None]:
     entry = {"candidate": "kda.split", "bucket": problem.bucket(), "spec": spec_fields(spec),
              "measured": f"B={B} T={T} H={H}: {ms:.3f} ms (prep + scan alone "
                          f"{best[spec.tile.chunk][0]:.3f}) against {base_ms:.3f} ms for the "
-                         f"untuned choice; benchmarks/kda_tune.py",
+                         f"untuned choice; benchmarks/kda_tune.py, "
+                         f"{torch.cuda.get_device_name()}, {time.strftime('%Y-%m-%d')}",
              "rel_err_vs_untuned": err}  # fmt: skip
     print(f"B={B} T={T} H={H}: {ms:.3f} ms vs {base_ms:.3f} untuned; {spec_fields(spec)}; "
           f"rel err {err:.1e}", flush=True)  # fmt: skip

@@ -272,13 +272,7 @@ def split_variants(problem, target, selected, limit: int = MAX_VARIANTS) -> list
     from . import specs
 
     target = _target(target)
-    valid = []
-    for spec in specs.enumerate_split_specs(target):
-        spec = specs.specialize_split(spec, problem)
-        if spec is None or spec == selected or spec in valid:
-            continue
-        if specs.is_valid_split_spec(spec, target, problem).ok:
-            valid.append(spec)
+    valid = [s for s in specs.valid_split_specs(target, problem) if s != selected]
     evolved = []
     for bv in (32, 64, 128, 16):
         s = attrs.evolve(selected, scan=attrs.evolve(selected.scan, block_v=bv))

@@ -193,6 +193,17 @@ def enumerate_split_specs(target: Target) -> list[KdaSplitSpec]:
     ]
 
 
+def valid_split_specs(target: Target, problem) -> list[KdaSplitSpec]:
+    """The enumerated split specs specialised to ``problem`` and valid for it, distinct, in
+    enumeration order."""
+    out: dict[KdaSplitSpec, None] = {}
+    for spec in enumerate_split_specs(target):
+        spec = specialize_split(spec, problem)
+        if spec is not None and is_valid_split_spec(spec, target, problem).ok:
+            out.setdefault(spec)
+    return list(out)
+
+
 def enumerate_fused_specs(target: Target) -> list[KdaChunkFusedSpec]:
     return [
         KdaChunkFusedSpec(t, KdaScanSpec(t.head_dim_k, t.head_dim_v, t.dtype, t.chunk,
