@@ -60,8 +60,9 @@ class LinearAttentionProblem:
     head_dim_v: int = attrs.field(validator=_positive)
     dtype: str = attrs.field(default="bf16", validator=_one_of(DTYPES))
     gate: str = attrs.field(default="per_channel", validator=_one_of(GATE_KINDS))
-    # Lower bound of every per-step log-decay (natural log); None: unbounded gates.
-    gate_lower_bound: float | None = attrs.field(default=-5.0, validator=_bound)
+    # Lower bound of every per-step log-decay (natural log), a promise that admits faster specs;
+    # None (the default): any gate g <= 0, -inf resets included.
+    gate_lower_bound: float | None = attrs.field(default=None, validator=_bound)
     gate_activation: str = attrs.field(default="none", validator=_one_of(GATE_ACTIVATIONS))
     qk_l2norm: bool = False
     beta_sigmoid: bool = False

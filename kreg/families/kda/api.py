@@ -32,7 +32,7 @@ def kda_prefill(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    gate_lower_bound: float | None = -5.0,
+    gate_lower_bound: float | None = None,
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
     A_log: torch.Tensor | None = None,
@@ -54,8 +54,15 @@ def kda_prefill(
     ``[B or N, HV, K, V]`` fp32 (``[.., V, K]`` with ``state_layout="vk"``; the initial state may
     be bf16). HV is a multiple of H: value head hv reads qk head ``hv // (HV // H)``.
 
-    ``gate_lower_bound``: a bound every per-step log-decay respects (natural log), or None for
-    unbounded gates; with ``gate_activation="sigmoid_bound"`` it is the activation's bound.
+    ``gate_lower_bound``: None (the default) serves any gate g <= 0 exactly, ``-inf`` (a hard
+    reset) and gates of any magnitude included. A number is a promise that every per-step
+    log-decay (natural log) is >= it, which admits the faster block-anchor specs; a row that
+    breaks the promise so far that those specs' exponents would leave fp32's range gets NaN
+    outputs from there on (and a NaN state), never a silently wrong value. With
+    ``gate_activation="sigmoid_bound"`` it is the activation's bound (required).
+    Non-finite inputs are contained: a NaN or infinity in k, v, g (other than -inf) or beta at
+    position t makes the outputs from t on NaN and leaves every earlier output bit for bit as
+    it was; one in q reaches only its own row.
     ``gate_activation``: "none" (g is the log-decay), "sigmoid_bound"
     (``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``) or "softplus"
     (``-exp(A_log) * softplus(g + dt_bias)``), computed inside the prep kernel.
@@ -187,6 +194,8 @@ def _prepare(
     if gate_activation not in ("none", "sigmoid_bound", "softplus"):
         _fail("gate_activation", f"must be 'none', 'sigmoid_bound' or 'softplus', got "
                                  f"{gate_activation!r}")  # fmt: skip
+    if gate_activation == "sigmoid_bound" and gate_lower_bound is None:
+        _fail("gate_lower_bound", "gate_activation='sigmoid_bound' needs its bound (e.g. -5.0)")
     if gate_activation == "softplus" and gate_lower_bound is not None:
         _fail("gate_lower_bound", "must be None with gate_activation='softplus' (unbounded)")
     if gate_lower_bound is not None and (

@@ -7,11 +7,14 @@ state recurrence, one step of which is ``_scan_step``. The split path runs the f
 both in ``kda_chunk_fused_kernel``. Both paths call the same two functions, and the tiles cross
 memory in the same dtype the fused path rounds them to, so the paths agree bit for bit.
 
-Exponentials are base 2 on log2-scaled cumsums. docs/kda/ALGORITHM.md derives the anchoring: a
-chunk is split into sub-blocks of ``BS`` rows; inside a sub-block the pairwise decay is
-exp(Gin_i) * exp(-Gin_j) with Gin the sub-block-local cumsum (bounded by BS * |lower bound|, a spec
-rule), and across sub-blocks every factor has a non-positive exponent. The anchor of a row is the
-cumsum just before its sub-block, so no output depends on a later input, bit for bit.
+Exponentials are base 2 on log2-scaled gate sums. docs/kda/ALGORITHM.md derives the anchoring:
+a chunk is split into sub-blocks of ``BS`` rows; across sub-blocks every factor has a
+non-positive exponent, anchored at the sub-block boundary; inside a sub-block the "block" anchor
+pairs exp(Gin_i) with exp(-Gin_j) (bounded gates only, a spec rule); the "safe" anchor (the
+default, any gate) does the same for every row whose span from its sub-block's start fits fp32
+and, only for rows that do not, halves the sub-block so that no exponent is positive. Every exponent is
+a direct sum of the gates it spans, so no output depends on a later input, bit for bit, and a
+non-finite input cuts its chunk there instead of reaching earlier rows.
 """
 
 import triton
@@ -19,16 +22,26 @@ import triton.language as tl
 
 from kreg.registry.interpreter import interpreting, patch_interpreter
 
+from .specs import MAX_ANCHOR_NATS
+
 if interpreting():
     patch_interpreter()
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)
 
 # gate activations (constexpr GATE_ACT)
 GATE_NONE = 0
 GATE_SIGMOID_BOUND = 1
 GATE_SOFTPLUS = 2
 GATE_ACT = {"none": GATE_NONE, "sigmoid_bound": GATE_SIGMOID_BOUND, "softplus": GATE_SOFTPLUS}
+
+# diagonal sub-block anchoring (constexpr ANCHOR; specs name them "block" and "safe")
+ANCHOR_BLOCK = tl.constexpr(0)
+ANCHOR_SAFE = tl.constexpr(1)
+ANCHORS = {"block": 0, "safe": 1}
+# The block anchor's widest exponent in log2 units (MAX_ANCHOR_NATS of the numeric rule):
+# exp2 of it and of its negative stay normal fp32, so no factor overflows or flushes.
+MAX_SPAN_LOG2 = tl.constexpr(MAX_ANCHOR_NATS * 1.4426950408889634)
 
 
 @triton.jit
@@ -47,17 +60,108 @@ def _block_row(x3, blk3, i):
 
 
 @triton.jit
+def _seg_cumsum(x, R: tl.constexpr, N: tl.constexpr, S: tl.constexpr, REVERSE: tl.constexpr):
+    """Cumsum of the [R, N] rows ``x`` within consecutive segments of S rows (reversed: the
+    suffix sum to the segment's end). Each value is a direct sum of its own terms, never a
+    difference of two larger sums."""
+    if S == 1:
+        return x
+    return tl.reshape(tl.cumsum(tl.reshape(x, (R // S, S, N)), axis=1, reverse=REVERSE), (R, N))
+
+
+@triton.jit
+def _gates(g_ptr, alog_ptr, dtb_ptr, row0, nrows, hv, HV, lower_bound,
+           K: tl.constexpr, C: tl.constexpr, GATE_ACT: tl.constexpr):  # fmt: skip
+    """[C, K] log-decays (natural log) of the token rows from ``row0``, activated; 0 past
+    ``nrows``."""
+    g = _rows(g_ptr + hv * K, row0, nrows, HV * K, K, C)
+    if GATE_ACT != 0:
+        a = tl.exp(tl.load(alog_ptr + hv))
+        x = g + tl.load(dtb_ptr + hv * K + tl.arange(0, K))[None, :]
+        if GATE_ACT == 1:
+            g = lower_bound * tl.sigmoid(a * x)
+        else:
+            # -a * softplus(x), softplus stable for large |x|; x = +inf gives a hard reset
+            g = -a * (tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x))))
+        g = tl.where((tl.arange(0, C) < nrows)[:, None], g, 0.0)
+    return g
+
+
+@triton.jit
+def _nan_rows(x):
+    """[R] 0 where row ``x[r]`` is finite, NaN where it holds a NaN or an infinity."""
+    return tl.sum(x * 0.0, axis=1)
+
+
+@triton.jit
+def _tree_level(k, q, gl, gl_next, C: tl.constexpr, K: tl.constexpr, BS: tl.constexpr,
+                HW: tl.constexpr, FP32_DOT: tl.constexpr):  # fmt: skip
+    """One level of the tree anchor: the (A, Aqk) entries of the diagonal sub-blocks whose row i
+    and column j lie on either side of a boundary every HW rows (i in the odd segment, j in the
+    even one before it), as [NB, BS, BS], zero elsewhere. The boundary anchors both factors:
+    exp(G_i - G_b) and exp(G_b - G_j), each a direct sum of non-positive gates."""
+    NB: tl.constexpr = C // BS
+    rows = tl.arange(0, C)
+    upper = ((rows // HW) % 2 == 1)[:, None]  # rows after a boundary
+    lexp = _seg_cumsum(gl, C, K, HW, False)  # G_i - G_b
+    rexp = _seg_cumsum(tl.where(((rows + 1) % HW == 0)[:, None], 0.0, gl_next), C, K, HW, True)
+    e = tl.exp2(tl.where(upper, lexp, rexp))
+    kx = k * e
+    left = tl.reshape(tl.where(upper, kx, 0.0), (NB, BS, K))
+    qleft = tl.reshape(tl.where(upper, q * e, 0.0), (NB, BS, K))
+    right = tl.permute(tl.reshape(tl.where(upper, 0.0, kx), (NB, BS, K)), (0, 2, 1))
+    ri = tl.arange(0, BS)[None, :, None]
+    ci = tl.arange(0, BS)[None, None, :]
+    pair = ((ri // HW) % 2 == 1) & (ci // HW == ri // HW - 1)
+    a = tl.where(pair, tl.dot(left, right, input_precision=FP32_DOT), 0.0)
+    qk = tl.where(pair, tl.dot(qleft, right, input_precision=FP32_DOT), 0.0)
+    return a, qk
+
+
+@triton.jit
+def _tree_diag(k, q, gl, gl_next, C: tl.constexpr, K: tl.constexpr, BS: tl.constexpr,
+               FP32_DOT: tl.constexpr):  # fmt: skip
+    """The diagonal sub-blocks of A (strictly lower part) and Aqk (with the diagonal) with no
+    positive exponent: log2(BS) levels of ``_tree_level``."""
+    NB: tl.constexpr = C // BS
+    LOG2_BS: tl.constexpr = BS.bit_length() - 1
+    ri = tl.arange(0, BS)[None, :, None]
+    ci = tl.arange(0, BS)[None, None, :]
+    k3 = tl.reshape(k, (NB, BS, K))
+    q3 = tl.reshape(q, (NB, BS, K))
+    a_diag = tl.zeros((NB, BS, BS), dtype=tl.float32)
+    qk_diag = tl.where(ri == ci, tl.sum(q3 * k3, axis=2)[:, :, None], 0.0)
+    for lvl in tl.static_range(LOG2_BS):
+        a_l, qk_l = _tree_level(k, q, gl, gl_next, C, K, BS, BS >> (lvl + 1), FP32_DOT)
+        a_diag += a_l
+        qk_diag += qk_l
+    return a_diag, qk_diag
+
+
+@triton.jit
 def _chunk_tiles(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr,
     tok0, n, h, hv, H, HV, scale, lower_bound,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
-    FP32_DOT: tl.constexpr, ANCHOR_ROW: tl.constexpr = False,
+    FP32_DOT: tl.constexpr, ANCHOR: tl.constexpr = ANCHOR_SAFE,
 ):  # fmt: skip
     """The six state-independent tiles of one chunk, for one value head.
 
-    ``ANCHOR_ROW`` computes the diagonal sub-blocks of A and Aqk row by row with exp(Gin_i -
-    Gin_j), j <= i, so no exponent is positive: any gate, bounded or not (more exponentials).
+    Every decay factor exp(G_i - G_j) is formed from direct sums of the gates between j and i
+    (prefix sums from a boundary, suffix sums to one), never as a difference of two cumsums, so
+    a huge gate or a -inf reset leaves the factors after it exact. Off-diagonal sub-blocks use
+    the sub-block boundary as anchor (non-positive exponents on both sides). Diagonal
+    sub-blocks pair exp(Gin_i) with exp(-Gin_j) in one product, exact while row i's span Gin_i
+    from its sub-block's start stays within MAX_SPAN_LOG2 (so does every j <= i). A row past
+    it gets, with ``ANCHOR_SAFE``, its entries from ``_tree_diag`` (computed only in a chunk
+    that has such a row), and with ``ANCHOR_BLOCK`` (a promised bound) is poisoned: never
+    silently wrong. Which way a row goes depends on rows up to it only: causal, bit for bit.
+
+    Containment: the first row ``f`` whose k, v, g or beta is not finite (or, with
+    ``ANCHOR_BLOCK``, whose span leaves the bound) is where the chunk is cut: later rows enter
+    no product (so no 0 * inf reaches an earlier row), their outputs are NaN through ``gq`` and
+    the state is NaN through ``dec``. q only reaches its own row's output.
 
     Returns (w, u, gq, aqk, gkt, dec) in fp32: w = -T diag(beta) (K*Gamma) (negated so the scan
     subtracts into its accumulator), u = T diag(beta) V, gq = scale Q*Gamma, aqk (causal, scaled),
@@ -66,73 +170,81 @@ def _chunk_tiles(
     NB: tl.constexpr = C // BS
     LOG2_BS: tl.constexpr = BS.bit_length() - 1
     rows = tl.arange(0, C)
-    valid = rows < n
 
     # --- one load of each input, activations fused -------------------------------------------
     k = _rows(k_ptr + h * K, tok0, n, H * K, K, C)
     q = _rows(q_ptr + h * K, tok0, n, H * K, K, C)
-    g = _rows(g_ptr + hv * K, tok0, n, HV * K, K, C)
     v = _rows(v_ptr + hv * V, tok0, n, HV * V, V, C)
-    beta = tl.load(beta_ptr + (tok0 + rows).to(tl.int64) * HV + hv, mask=valid, other=0.0)
+    gl = _gates(g_ptr, alog_ptr, dtb_ptr, tok0, n, hv, HV, lower_bound, K, C, GATE_ACT) * LOG2E
+    beta = tl.load(beta_ptr + (tok0 + rows).to(tl.int64) * HV + hv, mask=rows < n, other=0.0)
     beta = beta.to(tl.float32)
     if QK_L2:
         k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
         q = q * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
     if BETA_SIG:
-        beta = tl.where(valid, tl.sigmoid(beta), 0.0)
-    if GATE_ACT != 0:
-        a = tl.exp(tl.load(alog_ptr + hv))
-        x = g + tl.load(dtb_ptr + hv * K + tl.arange(0, K))[None, :]
-        if GATE_ACT == 1:
-            g = lower_bound * tl.sigmoid(a * x)
-        else:
-            # -a * softplus(x), softplus stable for large |x|
-            g = -a * (tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x))))
-        g = tl.where(valid[:, None], g, 0.0)
+        beta = tl.where(rows < n, tl.sigmoid(beta), 0.0)
 
-    # --- cumsums: sub-block local (Gin) and sub-block anchors (P) ----------------------------
-    g3 = tl.reshape(g * 1.4426950408889634, (NB, BS, K))
-    gin3 = tl.cumsum(g3, axis=1)
-    tot = tl.sum(g3, axis=1)  # [NB, K]
-    anchor = tl.cumsum(tot, axis=0) - tot  # cumsum just before each sub-block
-    g_end = tl.sum(tot, axis=0)  # G_C [K]
+    # --- containment: the first row the chunk cannot take ------------------------------------
+    resets = tl.where(gl == float("-inf"), 0.0, gl)  # a -inf gate is a valid hard reset
+    bad = (_nan_rows(k + resets) + _nan_rows(v) + beta * 0.0) != 0.0  # NaN != 0
+    f = tl.min(tl.where(bad, rows, C))
+    gl = tl.where((rows < f)[:, None], gl, 0.0)
+    gin = _seg_cumsum(gl, C, K, BS, False)  # from the sub-block's start, inclusive
+    fits = tl.min(gin, axis=1) >= -MAX_SPAN_LOG2  # the block anchor is exact for this row
+    if ANCHOR == ANCHOR_BLOCK:
+        f = tl.minimum(f, tl.min(tl.where(fits, C, rows)))
+        gin = tl.where((rows < f)[:, None], gin, 0.0)
+        gl = tl.where((rows < f)[:, None], gl, 0.0)
+    ok = (rows < f)[:, None]
+    k = tl.where(ok, k, 0.0)
+    v = tl.where(ok, v, 0.0)
+    beta = tl.where(rows < f, beta, 0.0)
+
+    # --- direct sums: sub-block prefixes and suffixes, sub-block totals ----------------------
+    tot = tl.sum(tl.reshape(gl, (NB, BS, K)), axis=1)  # [NB, K]
     blk = tl.arange(0, NB)
     blk3 = blk[:, None, None]
+    # P_I (sum of the totals before sub-block I) and the sum after sub-block J, summed block by
+    # block in order: exact sums of their own terms only
+    before = tl.zeros((NB, K), dtype=tl.float32)
+    after = tl.zeros((NB, K), dtype=tl.float32)
+    for i in tl.static_range(1, NB):
+        tot_prev = tl.sum(tl.where(blk[:, None] == i - 1, tot, 0.0), axis=0)
+        before = tl.where(blk[:, None] >= i, before + tot_prev[None, :], before)
+        tot_next = tl.sum(tl.where(blk[:, None] == NB - i, tot, 0.0), axis=0)
+        after = tl.where(blk[:, None] < NB - i, after + tot_next[None, :], after)
+    g_next = _gates(g_ptr, alog_ptr, dtb_ptr, tok0 + 1, n - 1, hv, HV, lower_bound, K, C,
+                    GATE_ACT)  # fmt: skip  # the next row's gate: suffixes exclude their own row
+    gl_next = tl.where((rows + 1 < f)[:, None], g_next * LOG2E, 0.0)
+    last_of_block = ((rows + 1) % BS == 0)[:, None]
+    gout = _seg_cumsum(tl.where(last_of_block, 0.0, gl_next), C, K, BS, True)  # to block end
 
-    # --- one elementwise sweep: each exp2 feeds all its consumers ----------------------------
-    # A factor >= 1 never meets one that may flush to zero (exp2 flushes denormals): products
-    # pair a bounded >= 1 factor with a normal one, or two <= 1 factors.
-    e_pos3 = tl.exp2(gin3)  # exp(Gin) <= 1, normal while the solve_block rule holds
     k3 = tl.reshape(k, (NB, BS, K))
     q3 = tl.reshape(q, (NB, BS, K))
-    kl3 = k3 * e_pos3  # K exp(Gin)
-    ql3 = q3 * e_pos3
-    kr3 = k3 * tl.exp2(tot[:, None, :] - gin3)  # K exp(P_next - G) <= 1, P_next: sub-block end
-    e_anchor = tl.exp2(anchor)[:, None, :]  # exp(P_I), <= 1
-    kg = tl.reshape(kl3 * e_anchor, (C, K))  # K * Gamma
-    gq = tl.reshape(ql3 * e_anchor, (C, K)) * scale
-    anchor_next = anchor + tot
-    gk = tl.reshape(kr3 * tl.exp2(g_end[None, :] - anchor_next)[:, None, :], (C, K))
-    dec = tl.exp2(g_end)
+    gin3 = tl.reshape(gin, (NB, BS, K))
+    e_in = tl.exp2(gin3)  # exp(G_i - P_I) <= 1
+    kl3 = k3 * e_in
+    ql3 = q3 * e_in
+    kr3 = tl.reshape(k * tl.exp2(gout), (NB, BS, K))  # K exp(P_next(J) - G_j) <= 1
+    e_pre = tl.exp2(gin3 + before[:, None, :])  # Gamma = exp(G_i)
+    kg = tl.reshape(k3 * e_pre, (C, K))
+    gq = tl.reshape(q3 * e_pre, (C, K)) * scale
+    gk = tl.reshape(kr3 * tl.exp2(after)[:, None, :], (C, K))  # K exp(G_C - G_j)
+    dec = tl.exp2(tl.sum(tot, axis=0))
 
     # --- A and Aqk: diagonal sub-blocks batched, off-diagonal by row sub-block -----------------
     ri = tl.arange(0, BS)[None, :, None]
     ci = tl.arange(0, BS)[None, None, :]
-    if ANCHOR_ROW:
-        a_diag = tl.zeros((NB, BS, BS), dtype=tl.float32)
-        qk_diag = tl.zeros((NB, BS, BS), dtype=tl.float32)
-        for j in tl.static_range(BS):
-            gin_j = tl.sum(tl.where(ri == j, gin3, 0.0), axis=1)[:, None, :]  # row j per block
-            k_j = tl.sum(tl.where(ri == j, k3, 0.0), axis=1)[:, None, :]
-            # rows i < j are masked before the exponential: exp2(-inf) = 0, never overflow
-            kd = tl.exp2(tl.where(ri >= j, gin3 - gin_j, float("-inf"))) * k_j
-            a_diag = tl.where(ci == j, tl.sum(k3 * kd, axis=2)[:, :, None], a_diag)
-            qk_diag = tl.where(ci == j, tl.sum(q3 * kd, axis=2)[:, :, None], qk_diag)
-    else:
-        kd3t = tl.permute(k3 * tl.exp2(-gin3), (0, 2, 1))  # K exp(-Gin) >= 1, bounded by a rule
-        a_diag = tl.dot(kl3, kd3t, input_precision=FP32_DOT)  # [NB, BS, BS]
-        qk_diag = tl.dot(ql3, kd3t, input_precision=FP32_DOT)
-    a_diag = tl.where(ri > ci, a_diag, 0.0)
+    kd3t = tl.permute(k3 * tl.exp2(-gin3), (0, 2, 1))  # >= 1; inf only where a row does not fit
+    a_diag = tl.dot(kl3, kd3t, input_precision=FP32_DOT)  # [NB, BS, BS]
+    qk_diag = tl.dot(ql3, kd3t, input_precision=FP32_DOT)
+    if ANCHOR == ANCHOR_SAFE:
+        if tl.min(fits.to(tl.int32)) == 0:  # a row past the span: exact entries for it
+            a_t, qk_t = _tree_diag(k, q, gl, gl_next, C, K, BS, FP32_DOT)
+            fit3 = tl.reshape(fits, (NB, BS))[:, :, None]
+            a_diag = tl.where(fit3, a_diag, a_t)
+            qk_diag = tl.where(fit3, qk_diag, qk_t)
+    a_diag = tl.where((ri > ci) & (tl.reshape(rows < f, (NB, BS))[:, :, None]), a_diag, 0.0)
     # Aqk as row sub-blocks [NB, BS, C]; the diagonal sub-block goes to column block I.
     colblk = (tl.arange(0, C) // BS)[None, None, :]
     qk3 = tl.reshape(
@@ -142,17 +254,19 @@ def _chunk_tiles(
     qk3 = tl.where(colblk == blk3, qk3, 0.0)
     n3 = tl.zeros((NB, BS, C), dtype=tl.float32)  # strictly block-lower part of A
     kr = tl.reshape(kr3, (C, K))
-    row_blk = (rows // BS)[:, None]
+    # between[J] = sum of the sub-block totals strictly between J and I, summed as I grows
+    between = tl.zeros((NB, K), dtype=tl.float32)
     for i in tl.static_range(1, NB):
-        anchor_i = tl.sum(tl.where(blk[:, None] == i, anchor, 0.0), axis=0)  # P_I
-        # exp(P_I - P_next(J)) for J < I: non-positive exponents only
-        scale_j = tl.exp2(tl.where(blk[:, None] < i, anchor_i[None, :] - anchor_next, 0.0))
+        # exp(P_I - P_next(J)) for J < I, 0 for J >= I: non-positive exponents only
+        scale_j = tl.exp2(tl.where(blk[:, None] < i, between, float("-inf")))
         scale_rows = tl.reshape(tl.broadcast_to(scale_j[:, None, :], (NB, BS, K)), (C, K))
-        krt = tl.trans(tl.where(row_blk < i, kr * scale_rows, 0.0))  # [K, C]
+        krt = tl.trans(kr * scale_rows)  # [K, C]
         a_i = tl.dot(_block_row(kl3, blk3, i), krt, input_precision=FP32_DOT)  # [BS, C]
         qk_i = tl.dot(_block_row(ql3, blk3, i), krt, input_precision=FP32_DOT)
         n3 = tl.where(blk3 == i, a_i[None, :, :], n3)
         qk3 = tl.where(blk3 == i, qk3 + qk_i[None, :, :], qk3)
+        tot_i = tl.sum(tl.where(blk[:, None] == i, tot, 0.0), axis=0)
+        between = tl.where(blk[:, None] < i, between + tot_i[None, :], 0.0)
     aqk = tl.reshape(qk3, (C, C)) * scale
 
     # --- blocked solve T = (I + diag(beta) A)^-1 ------------------------------------------------
@@ -186,6 +300,9 @@ def _chunk_tiles(
 
     w = -tl.dot(t, kg * beta[:, None], input_precision=FP32_DOT)
     u = tl.dot(t, v * beta[:, None], input_precision=FP32_DOT)
+    # rows from the cut on: NaN outputs (gq only multiplies from the left) and a NaN state
+    gq = tl.where(((rows >= f) & (rows < n))[:, None], float("nan"), gq)
+    dec = tl.where(f < n, float("nan"), dec)
     return w, u, gq, aqk, tl.trans(gk), dec
 
 
@@ -283,7 +400,7 @@ def _recurrence(
     FP32_DOT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
     STORE_HS: tl.constexpr, STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
     FUSED: tl.constexpr, TILE_DT: tl.constexpr, SEG: tl.constexpr = 0, NSEG=1,
-    ABLATE_SCAN: tl.constexpr = False, ANCHOR_ROW: tl.constexpr = False,
+    ABLATE_SCAN: tl.constexpr = False, ANCHOR: tl.constexpr = ANCHOR_SAFE,
 ):  # fmt: skip
     """The serial recurrence of one (sequence, value head, V block): tiles loaded (split) or
     computed on chip (fused, where BV == V), then the shared ``_scan_step``.
@@ -321,7 +438,7 @@ def _recurrence(
         if FUSED:
             w, u, gq, aqk, gkt, dec = _chunk_tiles(
                 q, k, v, g, beta, alog, dtb, tok0, n, h, hv, H, HV, scale, lower_bound,
-                K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR_ROW,
+                K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
             )  # fmt: skip
             # the same rounding the split path's tiles get on their way through memory
             w = w.to(TILE_DT)
@@ -380,7 +497,7 @@ def kda_chunk_prep_kernel(
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, VARLEN: tl.constexpr,
-    LOOPED: tl.constexpr = False, BALLAST: tl.constexpr = 0, ANCHOR_ROW: tl.constexpr = False,
+    LOOPED: tl.constexpr = False, BALLAST: tl.constexpr = 0, ANCHOR: tl.constexpr = ANCHOR_SAFE,
 ):  # fmt: skip
     """Split path, first kernel: the tiles of one chunk x value head, stored chunk-major.
 
@@ -398,7 +515,7 @@ def kda_chunk_prep_kernel(
             _prep_chunk(
                 q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, tok0,
                 tl.minimum(tok_end - tok0, C), h, hv, H, HV, scale, lower_bound,
-                K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR_ROW,
+                K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR,
             )  # fmt: skip
     else:
         c = tl.program_id(0)
@@ -406,7 +523,7 @@ def kda_chunk_prep_kernel(
         _prep_chunk(
             q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, tok0, n,
             h, hv, H, HV, scale, lower_bound,
-            K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR_ROW,
+            K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR,
         )  # fmt: skip
 
 
@@ -416,12 +533,12 @@ def _prep_chunk(
     h, hv, H, HV, scale, lower_bound,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
-    FP32_DOT: tl.constexpr, BALLAST: tl.constexpr, ANCHOR_ROW: tl.constexpr,
+    FP32_DOT: tl.constexpr, BALLAST: tl.constexpr, ANCHOR: tl.constexpr,
 ):  # fmt: skip
     if n > 0:
         w, u, gq, aqk, gkt, dec = _chunk_tiles(
             q, k, v, g, beta, alog, dtb, tok0, n, h, hv, H, HV, scale, lower_bound,
-            K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR_ROW,
+            K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
         )  # fmt: skip
         dec = _ballast(dec, BALLAST)
         _store_tiles(w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, w, u, gq, aqk, gkt, dec,
@@ -458,7 +575,7 @@ def kda_chunk_fused_kernel(
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
     STORE_HS: tl.constexpr, STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
-    ABLATE_SCAN: tl.constexpr = False, ANCHOR_ROW: tl.constexpr = False,
+    ABLATE_SCAN: tl.constexpr = False, ANCHOR: tl.constexpr = ANCHOR_SAFE,
 ):  # fmt: skip
     """Fused path: tiles computed on chip, chunk after chunk, inside the recurrence.
 
@@ -469,7 +586,7 @@ def kda_chunk_fused_kernel(
         None, None, None, None, None, None, o, h0, ht, hs, seq_chunk, cu_seqlens,
         T, H, HV, scale, lower_bound, K, V, C, BS, BV, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
         USE_H0, STORE_HT, STORE_HS, STATE_VK, VARLEN, True, q.dtype.element_ty, 0, 1,
-        ABLATE_SCAN, ANCHOR_ROW,
+        ABLATE_SCAN, ANCHOR,
     )  # fmt: skip
 
 

@@ -108,7 +108,7 @@ def run_prep(call: Call, tile, tables):
         *_inputs(call), w, u, gq, aqk, gkt, dec, chunk_seq, seq_chunk, call.cu_seqlens,
         **_common(call), C=C, BS=tile.solve_block, FP32_DOT=tile.fp32_dot,
         VARLEN=call.cu_seqlens is not None, LOOPED=tile.looped, BALLAST=tile.ballast_bytes,
-        ANCHOR_ROW=tile.anchor == "row",
+        ANCHOR=kernels.ANCHORS[tile.anchor],
         num_warps=tile.num_warps, num_stages=1,
     )  # fmt: skip
     return w, u, gq, aqk, gkt, dec
@@ -172,6 +172,6 @@ def run_fused(call: Call, spec):
         USE_H0=call.initial_state is not None, STORE_HT=ht is not None, STORE_HS=hs is not None,
         STATE_VK=call.state_layout == "vk", VARLEN=call.cu_seqlens is not None,
         num_warps=tile.num_warps, num_stages=1,
-        ABLATE_SCAN=spec.ablate_scan, ANCHOR_ROW=tile.anchor == "row",
+        ABLATE_SCAN=spec.ablate_scan, ANCHOR=kernels.ANCHORS[tile.anchor],
     )  # fmt: skip
     return o, ht, hs

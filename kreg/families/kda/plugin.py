@@ -51,14 +51,13 @@ def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target
         programs *= n_seg
     waves = -(-programs // (2 * target.compute_units))
     width = scan.block_v / problem.head_dim_v
-    row = 1.0 if spec.tile.anchor == "row" else 0.0  # solve_block times the diagonal exps
-    return waves * steps * (1.0 + width + row) + 0.01 * spec.tile.num_warps
+    # the safe anchor runs the block anchor's code on gates within its span: the same cost
+    return waves * steps * (1.0 + width) + 0.01 * spec.tile.num_warps
 
 
 def fused_cost(spec: specs.KdaChunkFusedSpec, problem: LinearAttentionProblem, target) -> float:
     tokens = problem.seq_len * problem.batch / problem.num_seqs
-    row = 2.0 if spec.tile.anchor == "row" else 1.0
-    return row * -(-tokens // spec.tile.chunk) + 0.01 * spec.tile.num_warps
+    return -(-tokens // spec.tile.chunk) + 0.01 * spec.tile.num_warps
 
 
 SPLIT = Candidate(

@@ -17,6 +17,7 @@ MAX_ANCHOR_NATS = 85.0
 HEAD_DIMS = (32, 64, 128, 256)
 CHUNKS = (16, 32, 64)
 SOLVE_BLOCKS = (16, 32)
+ANCHORS = ("safe", "block")  # the default first
 # (chunk, solve_block, num_warps) of the prep kernel worth enumerating, per head dim: larger
 # tiles at large head dims spill heavily and take minutes to compile (measured on sm90).
 TILE_SHAPES = {
@@ -47,10 +48,12 @@ class KdaTileSpec:
     chunk: int = 64
     # Sub-block of the blocked solve, and the span of one exponent anchor.
     solve_block: int = 16
-    # Diagonal sub-blocks: "block" anchors them at the sub-block start (fast; exponents up to
-    # solve_block * |lower bound|), "row" forms exp(G_i - G_j) per row (never a positive
-    # exponent: serves unbounded gates, at solve_block times the exponentials there).
-    anchor: str = "block"
+    # Diagonal sub-blocks are anchored at the sub-block start in one product, exact while a
+    # row's decay span from there fits fp32. "safe" (any gate, -inf resets too) gives a row past
+    # the span exact entries from a halving tree with no positive exponent, computed only in
+    # chunks that have such a row; "block" (a promised bound: solve_block * |lower bound| within
+    # the span, a rule) makes such a row NaN.
+    anchor: str = "safe"
     num_warps: int = 4
     # Precision of the fp32 products (A, Aqk, the solve, W and U); "tf32" is cuda-only.
     fp32_dot: str = "ieee"
@@ -152,14 +155,12 @@ def _scan_phase_bytes(s: KdaScanSpec, bv: int, stages: int) -> int:
 
 def enumerate_tile_specs(target: Target) -> list[KdaTileSpec]:
     fp32_dot = FP32_DOT_BY_BACKEND[target.backend][0]
-    block = [
-        KdaTileSpec(d, d, chunk=c, solve_block=b, num_warps=w, fp32_dot=fp32_dot)
+    return [
+        KdaTileSpec(d, d, chunk=c, solve_block=b, num_warps=w, fp32_dot=fp32_dot, anchor=a)
+        for a in ANCHORS
         for d in HEAD_DIMS
         for c, b, w in TILE_SHAPES[d]
     ]
-    # the unbounded-gate path, at the smallest tile of each head dim
-    row = [attrs.evolve(t, anchor="row") for t in block if (t.chunk, t.num_warps) == (16, 4)]
-    return block + row
 
 
 def enumerate_scan_specs(target: Target) -> list[KdaScanSpec]:
@@ -226,14 +227,14 @@ def _shape_rules(head_dim_k: int, head_dim_v: int, chunk: int, dtype: str) -> Ve
 
 
 def numeric_rule(solve_block: int, lower_bound: float | None, anchor: str = "block") -> Verdict:
-    """The anchored exponent inside a sub-block spans up to solve_block * |lower_bound| nats;
-    the row anchor has no positive exponent at all."""
-    if anchor == "row":
+    """The block anchor's exponent inside a sub-block spans up to solve_block * |lower_bound|
+    nats; the safe anchor has no positive exponent it cannot take."""
+    if anchor == "safe":
         return Verdict()
     if lower_bound is None:
         return Verdict((
             "unbounded gates: exp(-Gin) inside a sub-block has no bound for any solve_block "
-            "with anchor='block'; anchor='row' keeps every exponent non-positive",
+            "with anchor='block'; anchor='safe' serves any gate exactly",
         ))  # fmt: skip
     span = solve_block * abs(lower_bound)
     return Verdict.check((
@@ -250,7 +251,7 @@ def is_valid_tile_spec(spec: KdaTileSpec, target: Target, problem=None) -> Verdi
         (spec.solve_block <= spec.chunk and spec.chunk % spec.solve_block == 0,
          f"solve_block={spec.solve_block} must divide chunk={spec.chunk}"),
         (spec.num_warps in (1, 2, 4, 8, 16), f"num_warps={spec.num_warps} not a power of 2 <= 16"),
-        (spec.anchor in ("block", "row"), f"anchor={spec.anchor!r} not 'block' or 'row'"),
+        (spec.anchor in ANCHORS, f"anchor={spec.anchor!r} not in {ANCHORS}"),
         (spec.ballast_bytes == 0 or (_pow2(spec.ballast_bytes) and spec.ballast_bytes >= 512),
          f"ballast_bytes={spec.ballast_bytes} must be 0 or a power of 2 >= 512"),
         (spec.fp32_dot in FP32_DOT_BY_BACKEND[target.backend],
