@@ -213,37 +213,45 @@ def _chunk_tiles(
         before = tl.where(blk[:, None] >= i, before + tot_prev[None, :], before)
         tot_next = tl.sum(tl.where(blk[:, None] == NB - i, tot, 0.0), axis=0)
         after = tl.where(blk[:, None] < NB - i, after + tot_next[None, :], after)
-    g_next = _gates(g_ptr, alog_ptr, dtb_ptr, tok0 + 1, n - 1, hv, HV, lower_bound, K, C,
-                    GATE_ACT)  # fmt: skip  # the next row's gate: suffixes exclude their own row
-    gl_next = tl.where((rows + 1 < f)[:, None], g_next * LOG2E, 0.0)
-    last_of_block = ((rows + 1) % BS == 0)[:, None]
-    gout = _seg_cumsum(tl.where(last_of_block, 0.0, gl_next), C, K, BS, True)  # to block end
-
     k3 = tl.reshape(k, (NB, BS, K))
     q3 = tl.reshape(q, (NB, BS, K))
     gin3 = tl.reshape(gin, (NB, BS, K))
-    e_in = tl.exp2(gin3)  # exp(G_i - P_I) <= 1
-    kl3 = k3 * e_in
-    ql3 = q3 * e_in
-    kr3 = tl.reshape(k * tl.exp2(gout), (NB, BS, K))  # K exp(P_next(J) - G_j) <= 1
-    e_pre = tl.exp2(gin3 + before[:, None, :])  # Gamma = exp(G_i)
-    kg = tl.reshape(k3 * e_pre, (C, K))
-    gq = tl.reshape(q3 * e_pre, (C, K)) * scale
-    gk = tl.reshape(kr3 * tl.exp2(after)[:, None, :], (C, K))  # K exp(G_C - G_j)
-    dec = tl.exp2(tl.sum(tot, axis=0))
+    # to the sub-block's end: the total less the prefix is within rounding of the direct sum
+    # while the whole sub-block fits the span; a sub-block that does not takes the direct sum
+    gout3 = tot[:, None, :] - gin3
+    a_t = tl.zeros((NB, BS, BS), dtype=tl.float32)
+    qk_t = tl.zeros((NB, BS, BS), dtype=tl.float32)
+    if ANCHOR == ANCHOR_SAFE:
+        if tl.min(fits.to(tl.int32)) == 0:  # a row past the span: exact entries for it
+            g_next = _gates(g_ptr, alog_ptr, dtb_ptr, tok0 + 1, n - 1, hv, HV, lower_bound, K,
+                            C, GATE_ACT)  # fmt: skip  # suffixes exclude their own row's gate
+            gl_next = tl.where((rows + 1 < f)[:, None], g_next * LOG2E, 0.0)
+            a_t, qk_t = _tree_diag(k, q, gl, gl_next, C, K, BS, FP32_DOT)
+            last_of_block = ((rows + 1) % BS == 0)[:, None]
+            exact = _seg_cumsum(tl.where(last_of_block, 0.0, gl_next), C, K, BS, True)
+            block_fits = tl.min(tl.reshape(fits.to(tl.int32), (NB, BS)), axis=1) == 1
+            gout3 = tl.where(block_fits[:, None, None], gout3, tl.reshape(exact, (NB, BS, K)))
 
     # --- A and Aqk: diagonal sub-blocks batched, off-diagonal by row sub-block -----------------
     ri = tl.arange(0, BS)[None, :, None]
     ci = tl.arange(0, BS)[None, None, :]
+    e_in = tl.exp2(gin3)  # exp(G_i - P_I) <= 1
+    kl3 = k3 * e_in
+    ql3 = q3 * e_in
     kd3t = tl.permute(k3 * tl.exp2(-gin3), (0, 2, 1))  # >= 1; inf only where a row does not fit
     a_diag = tl.dot(kl3, kd3t, input_precision=FP32_DOT)  # [NB, BS, BS]
     qk_diag = tl.dot(ql3, kd3t, input_precision=FP32_DOT)
     if ANCHOR == ANCHOR_SAFE:
-        if tl.min(fits.to(tl.int32)) == 0:  # a row past the span: exact entries for it
-            a_t, qk_t = _tree_diag(k, q, gl, gl_next, C, K, BS, FP32_DOT)
-            fit3 = tl.reshape(fits, (NB, BS))[:, :, None]
-            a_diag = tl.where(fit3, a_diag, a_t)
-            qk_diag = tl.where(fit3, qk_diag, qk_t)
+        fit3 = tl.reshape(fits, (NB, BS))[:, :, None]
+        a_diag = tl.where(fit3, a_diag, a_t)
+        qk_diag = tl.where(fit3, qk_diag, qk_t)
+    kr3 = k3 * tl.exp2(gout3)  # K exp(P_next(J) - G_j) <= 1
+    e_before = tl.exp2(before)[:, None, :]  # exp(P_I)
+    kg = tl.reshape(kl3 * e_before, (C, K))  # K * Gamma
+    gq = tl.reshape(ql3 * e_before, (C, K)) * scale
+    gk = tl.reshape(kr3 * tl.exp2(after)[:, None, :], (C, K))  # K exp(G_C - G_j)
+    dec = tl.exp2(tl.sum(tot, axis=0))
+
     a_diag = tl.where((ri > ci) & (tl.reshape(rows < f, (NB, BS))[:, :, None]), a_diag, 0.0)
     # Aqk as row sub-blocks [NB, BS, C]; the diagonal sub-block goes to column block I.
     colblk = (tl.arange(0, C) // BS)[None, None, :]

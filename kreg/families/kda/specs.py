@@ -156,8 +156,7 @@ def _scan_phase_bytes(s: KdaScanSpec, bv: int, stages: int) -> int:
 def enumerate_tile_specs(target: Target) -> list[KdaTileSpec]:
     fp32_dot = FP32_DOT_BY_BACKEND[target.backend][0]
     return [
-        KdaTileSpec(d, d, chunk=c, solve_block=b, num_warps=w, fp32_dot=fp32_dot, anchor=a)
-        for a in ANCHORS
+        KdaTileSpec(d, d, chunk=c, solve_block=b, num_warps=w, fp32_dot=fp32_dot)
         for d in HEAD_DIMS
         for c, b, w in TILE_SHAPES[d]
     ]
@@ -371,15 +370,29 @@ def _matches(spec, problem) -> bool:
     return spec.head_dim_k == problem.head_dim_k
 
 
+def anchor_for(solve_block: int, lower_bound: float | None) -> str:
+    """The anchor a problem takes: "block" where its promised bound keeps every sub-block's span
+    within fp32 (the same kernel without the safe path's fallback), "safe" otherwise. Both run
+    the same arithmetic on gates within the span, so the anchor is not a tuning choice."""
+    return "block" if numeric_rule(solve_block, lower_bound, "block").ok else "safe"
+
+
+def _specialize_tile(tile: KdaTileSpec, problem, fields: dict) -> KdaTileSpec:
+    tile = attrs.evolve(tile, **fields)
+    return attrs.evolve(tile, anchor=anchor_for(tile.solve_block, problem.gate_lower_bound))
+
+
 def specialize_split(spec: KdaSplitSpec, problem) -> KdaSplitSpec | None:
     if not _matches(spec.tile, problem):
         return None
     tile, scan = _problem_fields(problem)
-    return KdaSplitSpec(attrs.evolve(spec.tile, **tile), attrs.evolve(spec.scan, **scan))
+    return KdaSplitSpec(_specialize_tile(spec.tile, problem, tile),
+                        attrs.evolve(spec.scan, **scan))  # fmt: skip
 
 
 def specialize_fused(spec: KdaChunkFusedSpec, problem) -> KdaChunkFusedSpec | None:
     if not _matches(spec.tile, problem):
         return None
     tile, scan = _problem_fields(problem)
-    return KdaChunkFusedSpec(attrs.evolve(spec.tile, **tile), attrs.evolve(spec.scan, **scan))
+    return KdaChunkFusedSpec(_specialize_tile(spec.tile, problem, tile),
+                             attrs.evolve(spec.scan, **scan))  # fmt: skip
