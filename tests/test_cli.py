@@ -33,7 +33,11 @@ def test_list(kreg, plugin_env):
     assert ["testfam", "VecProblem", "3", "2", "testfam"] in rows
     assert "yes: experimental, numerics unverified" in r.stdout
     assert ["sm90", "cuda", "90", "H100,", "H200", "gpu", "builtin:kreg.registry.builtin"] in rows
-    assert "Broken plugins (skipped)\n  broken: RuntimeError: nope" in r.stdout
+    assert (
+        "Broken plugins (skipped)\n  broken (kreg-plugin-broken 0.1): RuntimeError: nope"
+        in r.stdout
+    )
+    assert ["testfam", "kreg-plugin-testfam", "0.1", "kreg_testfam.plugin"] in rows
 
 
 def test_list_json_coverage(kreg):

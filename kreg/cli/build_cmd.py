@@ -97,7 +97,7 @@ def resolve(name: str, target):
         problem = _default_problem(reg.families[name])
         if problem is None:
             raise CliError(f"family {name!r} has no default problem: name a candidate")
-        sel = select(problem, target)  # NoCandidateError is reported as a user error
+        sel = select(problem, target, family=name)  # NoCandidateError: a user error
         return sel.candidate, sel.spec, f"selected for {problem!r}: {sel.decided_by}"
     if name not in reg.candidates:
         known = ", ".join([*reg.families, *reg.candidates])
@@ -110,7 +110,9 @@ def resolve(name: str, target):
     problem = _default_problem(reg.families[candidate.family])
     if problem is not None:
         try:
-            sel = select(problem, target, algorithm=name, allow_opt_in=True)
+            sel = select(
+                problem, target, algorithm=name, allow_opt_in=True, family=candidate.family
+            )
             return candidate, sel.spec, f"selected for {problem!r}: {sel.decided_by}"
         except NoCandidateError:
             pass
