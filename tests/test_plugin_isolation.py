@@ -223,3 +223,25 @@ def test_foreign_family_never_takes_over_kda(plugin_env, monkeypatch, capsys):
     assert not any(e["candidate"].startswith("evil.") for e in data["trace"])
     assert main(["explain", "evil", "--target", "sm90"]) == 0
     assert "selected    evil.split" in capsys.readouterr()[0].splitlines()
+
+
+def test_foreign_rules_that_raise_neither_break_select_nor_list(plugin_env, capsys):
+    src = FOREIGN.replace(
+        "enumerate_specs=lambda target: [EvilSpec()]", "enumerate_specs=lambda target: exit(4)"
+    )
+    plugin_env.install("evil", "kreg_t_evil_raises", src)
+    plugin_env.registry()
+    sel = select_default()
+    assert sel.candidate.name == "kda.split"  # even without family=
+    [entry] = [e for e in sel.trace if e.candidate == "evil.split" and e.stage == "spec"]
+    assert not entry.ok and "raised SystemExit: 4" in entry.reason
+    assert main(["list", "--json"]) == 0
+    data = json.loads(capsys.readouterr()[0])
+    [evil] = [c for c in data["candidates"] if c["name"] == "evil.split"]
+    assert evil["coverage"]["sm90"] == {"supported": True, "error": "SystemExit: 4"}
+
+
+def select_default():
+    from kreg.dispatch import select
+
+    return select(_kda_problem(), "sm90")

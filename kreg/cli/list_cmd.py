@@ -28,6 +28,15 @@ def run(args) -> int:
 def coverage(candidate, target) -> dict:
     if candidate.targets is not None and target.name not in candidate.targets:
         return {"supported": False}
+    try:
+        return _coverage(candidate, target)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - a plugin's rules must not take the listing down
+        return {"supported": True, "error": f"{type(e).__name__}: {e}"[:300]}
+
+
+def _coverage(candidate, target) -> dict:
     specs = list(candidate.enumerate_specs(target))
     reasons: Counter[str] = Counter()
     valid = 0

@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from kreg.registry import get_registry
+from kreg.registry.manager import BUILTIN_PREFIX
 from kreg.registry.model import Candidate, Target
 
 from . import ranker
@@ -137,7 +138,16 @@ def _select(registry, problem, target, algorithm, allow_opt_in, family=None) -> 
     for c in candidates:
         if pinned is not None and c is not pinned:
             continue
-        specs = _evaluate(c, problem, target, trace)
+        try:
+            specs = _evaluate(c, problem, target, trace)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - a third-party rule may even sys.exit()
+            if registry.origin.get(c.name, "").startswith(BUILTIN_PREFIX):
+                raise  # a bug in a built-in family is never hidden
+            why = f"a rule of this third-party candidate raised {type(e).__name__}: {e}"
+            trace.append(TraceEntry(c.name, "spec", False, why[:300]))
+            continue
         if specs:
             passed.append((c, specs))
 
