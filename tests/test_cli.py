@@ -128,6 +128,24 @@ def test_build_stage(kreg):
         (["build", "testfam.simple", "--target", "gfx950", "--stage", "ptx"], "stage ptx not"),
         (["build", "testfam", "--target", "sm90", "--stage", "sass"], "invalid choice: 'sass'"),
         ([], "the following arguments are required: COMMAND"),
+        # spec overrides are parsed by the field's type and validated before any compile
+        (
+            ["build", "kda.split", "--target", "sm90", "--spec", "tile.chunk=none"],
+            "bad value 'none' for spec field 'tile.chunk': takes int, not None",
+        ),
+        (
+            ["build", "kda.split", "--target", "sm90", "--spec", "scan.segment_chunks=none"],
+            "bad value 'none' for spec field 'scan.segment_chunks'",
+        ),
+        (
+            ["build", "kda.split", "--target", "sm90", "--spec", "tile.solve_block=0"],
+            "validity rules fail on these values (ZeroDivisionError",
+        ),
+        (
+            ["build", "kda.split", "--target", "sm90", "--spec", "scan.segment_chunks=-1"],
+            "segment_chunks=-1 must be >= 0",
+        ),
+        (["build", "kda", "--target", "sm90", "--spec", "tile.chunk=17"], "chunk=17 not in"),
     ],
 )
 def test_user_errors_one_line_exit_2(testfam, capsys, argv, message):
@@ -136,6 +154,24 @@ def test_user_errors_one_line_exit_2(testfam, capsys, argv, message):
     assert out == ""
     assert err.startswith("kreg: error: ") and err.count("\n") == 1
     assert message in err
+
+
+def test_user_errors_compile_nothing(testfam, capsys, monkeypatch):
+    """Overrides are checked before compiling; a valid override that fails to compile is one
+    line too (the compile is faked here)."""
+    from kreg.cli import build_cmd
+
+    def compile_all(builders, spec, target):
+        raise RuntimeError("PassManager::run failed\nsome detail")
+
+    monkeypatch.setattr(build_cmd, "compile_all", compile_all)
+    argv = ["build", "testfam.simple", "--target", "sm90", "--spec", "tile.block=64"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "passes its validity rules but does not compile" in err
+    assert "RuntimeError: some detail" in err
+    with pytest.raises(RuntimeError):  # the dispatcher's own spec failing: a bug, traceback
+        main(argv[:4])
 
 
 def test_user_error_subprocess(kreg):

@@ -13,6 +13,7 @@ import sys
 
 from ._util import (
     CliError,
+    check_spec,
     dump_json,
     get_target,
     jsonable,
@@ -42,9 +43,7 @@ def run(args) -> int:
     if args.spec:
         spec = override_spec(spec, parse_assignments(args.spec, "spec override"))
         how = "with overrides " + " ".join(args.spec)
-    verdict = candidate.is_valid(spec, target)
-    if not verdict.ok:
-        raise CliError(f"{spec!r} is not valid on {target.name}: {'; '.join(verdict.reasons)}")
+    check_spec(candidate, spec, target, args.spec)
     builders = dict(candidate.builders)
     if args.kernel is not None:
         if args.kernel not in builders:
@@ -52,7 +51,17 @@ def run(args) -> int:
                 f"unknown kernel {args.kernel!r}; {candidate.name} has: {', '.join(builders)}"
             )
         builders = {args.kernel: builders[args.kernel]}
-    artifacts = compile_all(builders, spec, target)
+    try:
+        artifacts = compile_all(builders, spec, target)
+    except Exception as e:
+        if not args.spec:
+            raise  # the dispatcher's own spec failing to compile is a bug, not a user error
+        from kreg.golden import _error_line
+
+        raise CliError(
+            f"{candidate.name} with --spec {' '.join(args.spec)} passes its validity rules but "
+            f"does not compile for {target.name}: {_error_line(e)}"
+        ) from e
     if not artifacts:
         raise CliError(f"{spec!r} uses none of the kernels asked for ({', '.join(builders)})")
 
