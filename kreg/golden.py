@@ -401,16 +401,29 @@ def update(
     plugins: str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[dict, list[str]]:
-    """Regenerate the installed Triton's sub-document; returns (document, changes)."""
+    """Regenerate the installed Triton's sub-document; returns (document, changes).
+
+    Without ``cases`` the sub-document is rewritten from every registered case (entries of cases
+    no longer registered go). With ``cases`` only those cases' entries are replaced and every
+    other entry of the file is kept: regenerating three cases never drops the other seventy.
+    """
     path = Path(path or default_path())
     version = triton_version()
     the_plan = plan(registry, cases)
     if the_plan.errors:
         raise ValueError("; ".join(the_plan.errors))
     doc = load(path)
+    stored = doc.get("triton", {}).get(version, {})
     current = compute(registry, the_plan, jobs=jobs, plugins=plugins, progress=progress)
-    changes = compare(doc.get("triton", {}).get(version, {}), current)
-    save(path, with_version(doc, version, current))
+    if cases is not None:
+        redone = set(the_plan.cases)
+        stored = {k: v for k, v in stored.items() if _stems([k]) <= redone}
+        kept = {k: v for k, v in doc.get("triton", {}).get(version, {}).items() if k not in stored}
+        merged = dict(sorted({**kept, **current}.items()))
+    else:
+        merged = current
+    changes = compare(stored, current)
+    save(path, with_version(doc, version, merged))
     return doc, changes
 
 

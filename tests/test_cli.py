@@ -197,3 +197,72 @@ def test_build_kda_leaves_out_kernels_the_spec_does_not_use(kreg):
     r = kreg("build", "kda", "--target", "sm90", "--kernel", "segment_map", KREG_PLUGINS="none")
     assert r.returncode == 2
     assert r.stderr.startswith("kreg: error:") and "uses none of the kernels" in r.stderr
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("kreg 0.1.0 (Triton ") and out.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["list"],
+        ["list", "--json"],
+        ["explain", "kda", "--target", "sm90"],
+        ["build", "kda", "--target", "sm90"],
+        ["golden", "check"],
+        ["golden", "update", "--case", "x"],
+    ],
+)
+def test_ctrl_c_exits_130_in_one_line(capsys, monkeypatch, argv):
+    import kreg.registry
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kreg.registry, "get_registry", interrupted)
+    assert main(argv) == 130
+    out, err = capsys.readouterr()
+    assert out == "" and err == "kreg: interrupted\n"
+
+
+def test_golden_update_of_some_cases_keeps_the_others(testfam, capsys, monkeypatch, tmp_path):
+    """`update --case` (and update(cases=...)) replaces those cases' entries, never the file."""
+    from kreg import golden
+
+    def compute(registry, the_plan, **options):  # no compile: a fake entry per kernel
+        doc = {k: {"skipped": v} for k, v in the_plan.skipped.items()}
+        return {**doc, **{k: {"shared_bytes": 7} for k in the_plan.kernel_keys()}}
+
+    monkeypatch.setattr(golden, "compute", compute)
+    version = golden.triton_version()
+    others = {f"kda/case{i}/sm90/prep": {"shared_bytes": i} for i in range(70)}
+    stale = {"testfam/testfam_simple_b256/sm90/scale2": {"shared_bytes": 1}}
+    path = tmp_path / "golden.json"
+    golden.save(path, {"format": 1, "triton": {version: {**others, **stale}, "0.0.1": {"a": {}}}})
+
+    assert (
+        main(["golden", "update", "--file", str(path), "-q", "--case", "testfam_simple_b256"]) == 0
+    )
+    out = capsys.readouterr().out
+    doc = golden.load(path)
+    sub = doc["triton"][version]
+    assert {k: sub[k] for k in others} == others  # all 70 kept
+    assert sub["testfam/testfam_simple_b256/sm90/scale2"] == {"shared_bytes": 7}
+    assert set(sub) - set(others) == {
+        f"testfam/testfam_simple_b256/{t}/scale2" for t in testfam.targets
+    }
+    assert doc["triton"]["0.0.1"] == {"a": {}}
+    assert "testfam/testfam_simple_b256/sm90/scale2: shared_bytes 1 -> 7" in out
+    assert "kda/case" not in out  # the kept cases are no change
+    assert path.read_text() == golden.dumps(doc)
+
+    assert main(["golden", "update", "--file", str(path), "--case", "nope"]) == 2
+    assert "unknown golden case(s) nope" in capsys.readouterr().err
+    # without cases the sub-document is the registered cases' (dropped ones go)
+    golden.update(testfam, path, jobs=1)
+    assert not any(k.startswith("kda/case") for k in golden.load(path)["triton"][version])
