@@ -232,17 +232,24 @@ def compute(
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        with ProcessPoolExecutor(
+        pool = ProcessPoolExecutor(
             max_workers=workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
             initargs=(plugins,),
-        ) as pool:
+        )
+        try:
             # slowest first (bigger head dims) so the pool's tail is short
             order = sorted(the_plan.jobs, key=_job_weight, reverse=True)
             futures = [pool.submit(_run_job, job) for job in order]
             for i, future in enumerate(as_completed(futures), 1):
                 record(i, *future.result())
+        except BaseException:  # Ctrl-C (or a failure): stop the workers, run no queued job
+            for worker in list((getattr(pool, "_processes", None) or {}).values()):
+                worker.terminate()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
     say(f"compiled {total} case x target jobs in {time.perf_counter() - started:.1f}s")
     if failures:
         raise CompileFailed(sorted(failures))
