@@ -232,17 +232,24 @@ def compute(
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        with ProcessPoolExecutor(
+        pool = ProcessPoolExecutor(
             max_workers=workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_init_worker,
             initargs=(plugins,),
-        ) as pool:
+        )
+        try:
             # slowest first (bigger head dims) so the pool's tail is short
             order = sorted(the_plan.jobs, key=_job_weight, reverse=True)
             futures = [pool.submit(_run_job, job) for job in order]
             for i, future in enumerate(as_completed(futures), 1):
                 record(i, *future.result())
+        except BaseException:  # Ctrl-C (or a failure): stop the workers, run no queued job
+            for worker in list((getattr(pool, "_processes", None) or {}).values()):
+                worker.terminate()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
     say(f"compiled {total} case x target jobs in {time.perf_counter() - started:.1f}s")
     if failures:
         raise CompileFailed(sorted(failures))
@@ -401,16 +408,29 @@ def update(
     plugins: str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[dict, list[str]]:
-    """Regenerate the installed Triton's sub-document; returns (document, changes)."""
+    """Regenerate the installed Triton's sub-document; returns (document, changes).
+
+    Without ``cases`` the sub-document is rewritten from every registered case (entries of cases
+    no longer registered go). With ``cases`` only those cases' entries are replaced and every
+    other entry of the file is kept: regenerating three cases never drops the other seventy.
+    """
     path = Path(path or default_path())
     version = triton_version()
     the_plan = plan(registry, cases)
     if the_plan.errors:
         raise ValueError("; ".join(the_plan.errors))
     doc = load(path)
+    stored = doc.get("triton", {}).get(version, {})
     current = compute(registry, the_plan, jobs=jobs, plugins=plugins, progress=progress)
-    changes = compare(doc.get("triton", {}).get(version, {}), current)
-    save(path, with_version(doc, version, current))
+    if cases is not None:
+        redone = set(the_plan.cases)
+        stored = {k: v for k, v in stored.items() if _stems([k]) <= redone}
+        kept = {k: v for k, v in doc.get("triton", {}).get(version, {}).items() if k not in stored}
+        merged = dict(sorted({**kept, **current}.items()))
+    else:
+        merged = current
+    changes = compare(stored, current)
+    save(path, with_version(doc, version, merged))
     return doc, changes
 
 

@@ -33,7 +33,11 @@ def test_list(kreg, plugin_env):
     assert ["testfam", "VecProblem", "3", "2", "testfam"] in rows
     assert "yes: experimental, numerics unverified" in r.stdout
     assert ["sm90", "cuda", "90", "H100,", "H200", "gpu", "builtin:kreg.registry.builtin"] in rows
-    assert "Broken plugins (skipped)\n  broken: RuntimeError: nope" in r.stdout
+    assert (
+        "Broken plugins (skipped)\n  broken (kreg-plugin-broken 0.1): RuntimeError: nope"
+        in r.stdout
+    )
+    assert ["testfam", "kreg-plugin-testfam", "0.1", "kreg_testfam.plugin"] in rows
 
 
 def test_list_json_coverage(kreg):
@@ -124,6 +128,24 @@ def test_build_stage(kreg):
         (["build", "testfam.simple", "--target", "gfx950", "--stage", "ptx"], "stage ptx not"),
         (["build", "testfam", "--target", "sm90", "--stage", "sass"], "invalid choice: 'sass'"),
         ([], "the following arguments are required: COMMAND"),
+        # spec overrides are parsed by the field's type and validated before any compile
+        (
+            ["build", "kda.split", "--target", "sm90", "--spec", "tile.chunk=none"],
+            "bad value 'none' for spec field 'tile.chunk': takes int, not None",
+        ),
+        (
+            ["build", "kda.split", "--target", "sm90", "--spec", "scan.segment_chunks=none"],
+            "bad value 'none' for spec field 'scan.segment_chunks'",
+        ),
+        (
+            ["build", "kda.split", "--target", "sm90", "--spec", "tile.solve_block=0"],
+            "validity rules fail on these values (ZeroDivisionError",
+        ),
+        (
+            ["build", "kda.split", "--target", "sm90", "--spec", "scan.segment_chunks=-1"],
+            "segment_chunks=-1 must be >= 0",
+        ),
+        (["build", "kda", "--target", "sm90", "--spec", "tile.chunk=17"], "chunk=17 not in"),
     ],
 )
 def test_user_errors_one_line_exit_2(testfam, capsys, argv, message):
@@ -132,6 +154,24 @@ def test_user_errors_one_line_exit_2(testfam, capsys, argv, message):
     assert out == ""
     assert err.startswith("kreg: error: ") and err.count("\n") == 1
     assert message in err
+
+
+def test_user_errors_compile_nothing(testfam, capsys, monkeypatch):
+    """Overrides are checked before compiling; a valid override that fails to compile is one
+    line too (the compile is faked here)."""
+    from kreg.cli import build_cmd
+
+    def compile_all(builders, spec, target):
+        raise RuntimeError("PassManager::run failed\nsome detail")
+
+    monkeypatch.setattr(build_cmd, "compile_all", compile_all)
+    argv = ["build", "testfam.simple", "--target", "sm90", "--spec", "tile.block=64"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "passes its validity rules but does not compile" in err
+    assert "RuntimeError: some detail" in err
+    with pytest.raises(RuntimeError):  # the dispatcher's own spec failing: a bug, traceback
+        main(argv[:4])
 
 
 def test_user_error_subprocess(kreg):
@@ -157,3 +197,72 @@ def test_build_kda_leaves_out_kernels_the_spec_does_not_use(kreg):
     r = kreg("build", "kda", "--target", "sm90", "--kernel", "segment_map", KREG_PLUGINS="none")
     assert r.returncode == 2
     assert r.stderr.startswith("kreg: error:") and "uses none of the kernels" in r.stderr
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("kreg 0.1.0 (Triton ") and out.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["list"],
+        ["list", "--json"],
+        ["explain", "kda", "--target", "sm90"],
+        ["build", "kda", "--target", "sm90"],
+        ["golden", "check"],
+        ["golden", "update", "--case", "x"],
+    ],
+)
+def test_ctrl_c_exits_130_in_one_line(capsys, monkeypatch, argv):
+    import kreg.registry
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kreg.registry, "get_registry", interrupted)
+    assert main(argv) == 130
+    out, err = capsys.readouterr()
+    assert out == "" and err == "kreg: interrupted\n"
+
+
+def test_golden_update_of_some_cases_keeps_the_others(testfam, capsys, monkeypatch, tmp_path):
+    """`update --case` (and update(cases=...)) replaces those cases' entries, never the file."""
+    from kreg import golden
+
+    def compute(registry, the_plan, **options):  # no compile: a fake entry per kernel
+        doc = {k: {"skipped": v} for k, v in the_plan.skipped.items()}
+        return {**doc, **{k: {"shared_bytes": 7} for k in the_plan.kernel_keys()}}
+
+    monkeypatch.setattr(golden, "compute", compute)
+    version = golden.triton_version()
+    others = {f"kda/case{i}/sm90/prep": {"shared_bytes": i} for i in range(70)}
+    stale = {"testfam/testfam_simple_b256/sm90/scale2": {"shared_bytes": 1}}
+    path = tmp_path / "golden.json"
+    golden.save(path, {"format": 1, "triton": {version: {**others, **stale}, "0.0.1": {"a": {}}}})
+
+    assert (
+        main(["golden", "update", "--file", str(path), "-q", "--case", "testfam_simple_b256"]) == 0
+    )
+    out = capsys.readouterr().out
+    doc = golden.load(path)
+    sub = doc["triton"][version]
+    assert {k: sub[k] for k in others} == others  # all 70 kept
+    assert sub["testfam/testfam_simple_b256/sm90/scale2"] == {"shared_bytes": 7}
+    assert set(sub) - set(others) == {
+        f"testfam/testfam_simple_b256/{t}/scale2" for t in testfam.targets
+    }
+    assert doc["triton"]["0.0.1"] == {"a": {}}
+    assert "testfam/testfam_simple_b256/sm90/scale2: shared_bytes 1 -> 7" in out
+    assert "kda/case" not in out  # the kept cases are no change
+    assert path.read_text() == golden.dumps(doc)
+
+    assert main(["golden", "update", "--file", str(path), "--case", "nope"]) == 2
+    assert "unknown golden case(s) nope" in capsys.readouterr().err
+    # without cases the sub-document is the registered cases' (dropped ones go)
+    golden.update(testfam, path, jobs=1)
+    assert not any(k.startswith("kda/case") for k in golden.load(path)["triton"][version])

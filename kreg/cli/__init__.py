@@ -2,7 +2,8 @@
 ``add_parser(subparsers)`` and ``run(args) -> int | None``; add one by naming it in SUBCOMMANDS.
 
 User mistakes (unknown names, bad values, nothing to select) print one ``kreg: error: ...``
-line to stderr and exit 2.
+line to stderr and exit 2; Ctrl-C prints ``kreg: interrupted`` and exits 130 (128 + SIGINT),
+without a traceback.
 """
 
 from __future__ import annotations
@@ -30,8 +31,24 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(message)
 
 
+def version() -> str:
+    """``kreg X (Triton Y, Python Z)``, from the installed distributions' metadata."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    def get(name: str) -> str:
+        try:
+            return dist_version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    python = ".".join(map(str, sys.version_info[:3]))
+    return f"kreg {get('kreg')} (Triton {get('triton')}, Python {python})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kreg", description="kreg: kernel registry and dispatch")
+    parser.add_argument("--version", action="version", version=version())
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMANDS:
         module = importlib.import_module(f"{__name__}.{name}")
@@ -40,21 +57,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kreg.dispatch import NoCandidateError
-
     try:
-        parser = build_parser()
-        args, extra = parser.parse_known_args(argv)
-        # key=value options may follow other options (`explain kda --target sm90 T=64`)
-        if extra and hasattr(args, "options") and not any(x.startswith("-") for x in extra):
-            args.options += extra
-        elif extra:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        return args.run(args) or 0
-    except (CliError, NoCandidateError) as e:
-        message = " | ".join(line.strip() for line in str(e).splitlines() if line.strip())
-        print(f"kreg: error: {message}", file=sys.stderr)
-        return 2
+        from kreg.dispatch import NoCandidateError
+
+        try:
+            parser = build_parser()
+            args, extra = parser.parse_known_args(argv)
+            # key=value options may follow other options (`explain kda --target sm90 T=64`)
+            if extra and hasattr(args, "options") and not any(x.startswith("-") for x in extra):
+                args.options += extra
+            elif extra:
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            return args.run(args) or 0
+        except (CliError, NoCandidateError) as e:
+            message = " | ".join(line.strip() for line in str(e).splitlines() if line.strip())
+            print(f"kreg: error: {message}", file=sys.stderr)
+            return 2
+    except KeyboardInterrupt:
+        print("kreg: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # e.g. `kreg build ... --stage ptx | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

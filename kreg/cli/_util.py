@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+import typing
 from typing import Any
 
 import attrs
@@ -65,23 +66,46 @@ def override_spec(spec: Any, assignments: dict[str, str]) -> Any:
 def _set(obj: Any, parts: list[str], text: str, path: str) -> Any:
     if not attrs.has(type(obj)):
         raise CliError(f"spec field {path!r}: {type(obj).__name__} has no fields")
-    names = [f.name for f in attrs.fields(type(obj))]
-    if parts[0] not in names:
-        raise CliError(f"unknown spec field {path!r}; {type(obj).__name__} has: {', '.join(names)}")
+    fields = attrs.fields_dict(type(obj))
+    if parts[0] not in fields:
+        raise CliError(
+            f"unknown spec field {path!r}; {type(obj).__name__} has: {', '.join(fields)}"
+        )
     current = getattr(obj, parts[0])
-    value = _set(current, parts[1:], text, path) if parts[1:] else _convert(current, text, path)
+    if parts[1:]:
+        value = _set(current, parts[1:], text, path)
+    else:
+        value = _convert(current, text, path, _allows_none(type(obj), fields[parts[0]], current))
     try:
         return attrs.evolve(obj, **{parts[0]: value})
     except (ValueError, TypeError) as e:
         raise CliError(f"bad value {text!r} for spec field {path!r}: {e}") from e
 
 
-def _convert(current: Any, text: str, path: str) -> Any:
+def _allows_none(cls: type, field: attrs.Attribute, current: Any) -> bool:
+    """Whether the field's annotation admits None (``int | None``, ``Optional[int]``, ``Any``)."""
+    if current is None:
+        return True
+    try:
+        hint = typing.get_type_hints(cls).get(field.name, field.type)
+    except Exception:  # an annotation that does not resolve here: read its text
+        hint = field.type
+    if isinstance(hint, str):
+        return any(word in hint for word in ("None", "Optional", "Any"))
+    if hint is Any or hint is type(None):
+        return True
+    return type(None) in typing.get_args(hint)
+
+
+def _convert(current: Any, text: str, path: str, allows_none: bool = True) -> Any:
     if attrs.has(type(current)):
         raise CliError(f"spec field {path!r} is a {type(current).__name__}: set {path}.<field>")
     kind = type(current)
     try:
         if text.lower() == "none" and not isinstance(current, str):
+            if not allows_none:
+                raise CliError(f"bad value {text!r} for spec field {path!r}: takes {kind.__name__}, "
+                               "not None")  # fmt: skip
             return None
         if isinstance(current, bool):
             flags = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -101,6 +125,21 @@ def _convert(current: Any, text: str, path: str) -> Any:
         return kind(text)
     except (ValueError, KeyError, TypeError) as e:
         raise CliError(f"bad value {text!r} for spec field {path!r} ({kind.__name__})") from e
+
+
+def check_spec(candidate, spec, target, overrides: list[str] | None = None) -> None:
+    """Run the candidate's validity rules on ``spec``; a failing rule, or a rule that raises on
+    the values given (``solve_block=0`` dividing by zero), is a user error naming the reason."""
+    given = f" (with --spec {' '.join(overrides)})" if overrides else ""
+    try:
+        verdict = candidate.is_valid(spec, target)
+    except Exception as e:
+        raise CliError(
+            f"{candidate.name}: spec{given} is not valid on {target.name}: its validity rules "
+            f"fail on these values ({type(e).__name__}: {e}); spec: {spec!r}"
+        ) from e
+    if not verdict.ok:
+        raise CliError(f"{spec!r} is not valid on {target.name}: {'; '.join(verdict.reasons)}")
 
 
 def jsonable(obj: Any) -> Any:

@@ -13,6 +13,7 @@ import sys
 
 from ._util import (
     CliError,
+    check_spec,
     dump_json,
     get_target,
     jsonable,
@@ -42,9 +43,7 @@ def run(args) -> int:
     if args.spec:
         spec = override_spec(spec, parse_assignments(args.spec, "spec override"))
         how = "with overrides " + " ".join(args.spec)
-    verdict = candidate.is_valid(spec, target)
-    if not verdict.ok:
-        raise CliError(f"{spec!r} is not valid on {target.name}: {'; '.join(verdict.reasons)}")
+    check_spec(candidate, spec, target, args.spec)
     builders = dict(candidate.builders)
     if args.kernel is not None:
         if args.kernel not in builders:
@@ -52,7 +51,17 @@ def run(args) -> int:
                 f"unknown kernel {args.kernel!r}; {candidate.name} has: {', '.join(builders)}"
             )
         builders = {args.kernel: builders[args.kernel]}
-    artifacts = compile_all(builders, spec, target)
+    try:
+        artifacts = compile_all(builders, spec, target)
+    except Exception as e:
+        if not args.spec:
+            raise  # the dispatcher's own spec failing to compile is a bug, not a user error
+        from kreg.golden import _error_line
+
+        raise CliError(
+            f"{candidate.name} with --spec {' '.join(args.spec)} passes its validity rules but "
+            f"does not compile for {target.name}: {_error_line(e)}"
+        ) from e
     if not artifacts:
         raise CliError(f"{spec!r} uses none of the kernels asked for ({', '.join(builders)})")
 
@@ -97,7 +106,7 @@ def resolve(name: str, target):
         problem = _default_problem(reg.families[name])
         if problem is None:
             raise CliError(f"family {name!r} has no default problem: name a candidate")
-        sel = select(problem, target)  # NoCandidateError is reported as a user error
+        sel = select(problem, target, family=name)  # NoCandidateError: a user error
         return sel.candidate, sel.spec, f"selected for {problem!r}: {sel.decided_by}"
     if name not in reg.candidates:
         known = ", ".join([*reg.families, *reg.candidates])
@@ -110,7 +119,9 @@ def resolve(name: str, target):
     problem = _default_problem(reg.families[candidate.family])
     if problem is not None:
         try:
-            sel = select(problem, target, algorithm=name, allow_opt_in=True)
+            sel = select(
+                problem, target, algorithm=name, allow_opt_in=True, family=candidate.family
+            )
             return candidate, sel.spec, f"selected for {problem!r}: {sel.decided_by}"
         except NoCandidateError:
             pass

@@ -1,4 +1,5 @@
-"""``kreg explain FAMILY --target T key=value...``: the dispatcher's choice and its full trace."""
+"""``kreg explain FAMILY --target T key=value...``: the dispatcher's choice among FAMILY's
+candidates (another family serving the same problem type never wins here) and its full trace."""
 
 from __future__ import annotations
 
@@ -32,7 +33,13 @@ def run(args) -> int:
     target = get_target(args.target)
     problem = problem_from_options(family, parse_assignments(args.options, "problem option"))
     try:
-        sel = select(problem, target, algorithm=args.algorithm, allow_opt_in=args.allow_opt_in)
+        sel = select(
+            problem,
+            target,
+            algorithm=args.algorithm,
+            allow_opt_in=args.allow_opt_in,
+            family=family.name,
+        )
     except ValueError as e:
         raise CliError(str(e)) from e
     print(

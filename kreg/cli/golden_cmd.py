@@ -3,7 +3,8 @@
 ``check`` compiles every case for every target it covers and compares the normalised IR hashes
 with the installed Triton's sub-document of ``golden/ir_sha256.json`` (exit 1 on any difference,
 a missing sub-document, cases added or dropped without regenerating, or colliding case names).
-``update`` regenerates that sub-document. ``diff CASE`` prints a case's normalised IR, or with
+``update`` regenerates that sub-document (``--case NAME``: only those cases' entries, the rest of
+the file kept). ``diff CASE`` prints a case's normalised IR, or with
 ``--against REV`` the unified diff between the IR built from revision REV and the working tree.
 """
 
@@ -30,6 +31,10 @@ def add_parser(subparsers):
         q.add_argument("--jobs", "-j", type=int, default=min(2, os.cpu_count() or 1),
                        help="compile processes (default: 2)")  # fmt: skip
         q.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
+        if name == "update":
+            q.add_argument("--case", action="append", metavar="CASE",
+                           help="regenerate only this case (repeatable); the file's other "
+                                "entries are kept")  # fmt: skip
     d = sub.add_parser("diff", help="print a case's normalised IR, or diff it against a revision")
     d.add_argument("case", help="golden case name (kreg list --json lists them)")
     d.add_argument("--target", help="only this target")
@@ -54,8 +59,17 @@ def run(args) -> int:
         for line in outcome.messages:
             print(line, file=stream)
         return 0 if outcome.ok else 1
+    cases = None
+    if args.case:
+        unknown = [c for c in args.case if c not in reg.golden_cases]
+        if unknown:
+            known = ", ".join(sorted(reg.golden_cases)) or "(none)"
+            raise CliError(f"unknown golden case(s) {', '.join(unknown)}; known: {known}")
+        cases = [reg.golden_cases[c] for c in dict.fromkeys(args.case)]
     try:
-        _, changes = golden.update(reg, path, jobs=args.jobs, plugins=plugins, progress=progress)
+        _, changes = golden.update(
+            reg, path, cases=cases, jobs=args.jobs, plugins=plugins, progress=progress
+        )
     except golden.CompileFailed as e:
         print(str(e), file=sys.stderr)
         print(f"{path} not written", file=sys.stderr)

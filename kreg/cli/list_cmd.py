@@ -1,4 +1,6 @@
-"""``kreg list``: families, candidates, targets, plugin origins and broken plugins.
+"""``kreg list``: families, candidates, targets, plugin origins, the third-party plugins that
+loaded (entry point, distribution and version, as pytest's header lists them), the broken ones
+with their error, and warnings about plugins (hook-like functions not marked ``@hookimpl``).
 
 ``--json`` prints a coverage manifest: per candidate and target, how many enumerated specs are
 valid on that target (hardware rules only, no problem) and why the others are rejected.
@@ -26,6 +28,15 @@ def run(args) -> int:
 def coverage(candidate, target) -> dict:
     if candidate.targets is not None and target.name not in candidate.targets:
         return {"supported": False}
+    try:
+        return _coverage(candidate, target)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - a plugin's rules must not take the listing down
+        return {"supported": True, "error": f"{type(e).__name__}: {e}"[:300]}
+
+
+def _coverage(candidate, target) -> dict:
     specs = list(candidate.enumerate_specs(target))
     reasons: Counter[str] = Counter()
     valid = 0
@@ -91,8 +102,30 @@ def manifest(reg) -> dict:
             {"name": s.name, "family": s.family, "origin": reg.origin[s.name]}
             for s in reg.scenarios.values()
         ],
-        "broken": [{"plugin": p, "error": e} for p, e in reg.broken],
+        "plugins": [
+            {
+                "name": info.name,
+                "distribution": info.distribution,
+                "version": info.version,
+                "entry_point": info.value,
+            }
+            for info in reg.plugins.values()
+        ],
+        "broken": [{"plugin": p, "error": e, **_dist(reg, p)} for p, e in reg.broken],
+        "warnings": [{"plugin": p, "warning": w} for p, w in reg.warnings],
     }
+
+
+def _dist(reg, plugin: str) -> dict:
+    info = reg.discovered.get(plugin)
+    if info is None:  # e.g. named in KREG_PLUGINS but not installed
+        return {"distribution": None, "version": None}
+    return {"distribution": info.distribution, "version": info.version}
+
+
+def _broken_label(reg, plugin: str) -> str:
+    info = reg.discovered.get(plugin)
+    return plugin if info is None or info.distribution is None else f"{plugin} ({info.label})"
 
 
 def _short(text: str, width: int = 48) -> str:
@@ -155,7 +188,23 @@ def text(reg) -> str:
             "  ",
         )
     )
+    out += ["", "Plugins"]
+    out.append(
+        table(
+            [
+                [i.name, i.distribution or "-", i.version or "-", i.value]
+                for i in reg.plugins.values()
+            ],
+            ["entry point", "distribution", "version", "module"],
+            "  ",
+        )
+        if reg.plugins
+        else "  (no third-party plugins loaded)"
+    )
+    if reg.warnings:
+        out += ["", "Plugin warnings"]
+        out += [f"  {plugin}: {warning}" for plugin, warning in reg.warnings]
     if reg.broken:
         out += ["", "Broken plugins (skipped)"]
-        out += [f"  {plugin}: {error}" for plugin, error in reg.broken]
+        out += [f"  {_broken_label(reg, plugin)}: {error}" for plugin, error in reg.broken]
     return "\n".join(out)

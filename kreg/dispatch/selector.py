@@ -1,6 +1,7 @@
 """select(): which candidate and spec serve a problem on a target, and why.
 
-Every candidate of every family whose problem type matches goes through four stages, each
+Every candidate of every family whose problem type matches (or of the one family asked for,
+``family=``) goes through four stages, each
 recorded in the trace: ``problem`` (``accepts``), ``target`` (the candidate's targets),
 ``spec`` (enumerate, specialize to the problem, validate) and ``ranked`` (priority, opt-in,
 then the ranker picks the winner's spec).
@@ -13,6 +14,7 @@ from typing import Any
 import attrs
 
 from kreg.registry import get_registry
+from kreg.registry.manager import BUILTIN_PREFIX
 from kreg.registry.model import Candidate, Target
 
 from . import ranker
@@ -63,27 +65,30 @@ def select(
     target: Target | str | None = None,
     algorithm: str = "auto",
     allow_opt_in: bool = False,
+    family: str | None = None,
 ) -> Selection:
     """Select the candidate and spec serving ``problem`` on ``target`` (cached, deterministic).
 
     ``target`` is a Target, a target name, or None for the current GPU's target.
     ``algorithm`` is "auto" or a candidate name (full, or short after the dot) to pin; a pinned
-    candidate may be opt-in. Raises NoCandidateError when nothing (or not the pinned one) serves,
-    ValueError for an unknown algorithm or target.
+    candidate may be opt-in. ``family`` restricts the candidates to that family's, so another
+    family serving the same problem type (at any priority) never takes over a family's entry
+    point; None considers every family. Raises NoCandidateError when nothing (or not the pinned
+    one) serves, ValueError for an unknown algorithm, target or family.
     """
     global _cache_registry
     registry = get_registry()
     if registry is not _cache_registry:
         _cache.clear()
         _cache_registry = registry
-    key = (problem, target, algorithm, allow_opt_in)
+    key = (problem, target, algorithm, allow_opt_in, family)
     try:
         return _cache[key]
     except KeyError:
         pass
     except TypeError:  # unhashable problem: no caching
-        return _select(registry, problem, target, algorithm, allow_opt_in)
-    selection = _cache[key] = _select(registry, problem, target, algorithm, allow_opt_in)
+        return _select(registry, problem, target, algorithm, allow_opt_in, family)
+    selection = _cache[key] = _select(registry, problem, target, algorithm, allow_opt_in, family)
     return selection
 
 
@@ -104,9 +109,19 @@ def _resolve_target(registry, target) -> Target:
     return registry.targets[target]
 
 
-def _select(registry, problem, target, algorithm, allow_opt_in) -> Selection:
+def _select(registry, problem, target, algorithm, allow_opt_in, family=None) -> Selection:
     target = _resolve_target(registry, target)
     candidates = sorted(registry.candidates_for(problem), key=lambda c: (-c.priority, c.name))
+    if family is not None:
+        if family not in registry.families:
+            known = ", ".join(registry.families) or "(none)"
+            raise ValueError(f"unknown family {family!r}; known: {known}")
+        candidates = [c for c in candidates if c.family == family]
+        if not candidates:
+            raise NoCandidateError(
+                f"family {family!r} does not serve {type(problem).__name__} "
+                f"(its problem type is {registry.families[family].problem_type.__name__})"
+            )
     if not candidates:
         raise NoCandidateError(f"no registered family serves {type(problem).__name__}")
     pinned = None
@@ -123,7 +138,16 @@ def _select(registry, problem, target, algorithm, allow_opt_in) -> Selection:
     for c in candidates:
         if pinned is not None and c is not pinned:
             continue
-        specs = _evaluate(c, problem, target, trace)
+        try:
+            specs = _evaluate(c, problem, target, trace)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - a third-party rule may even sys.exit()
+            if registry.origin.get(c.name, "").startswith(BUILTIN_PREFIX):
+                raise  # a bug in a built-in family is never hidden
+            why = f"a rule of this third-party candidate raised {type(e).__name__}: {e}"
+            trace.append(TraceEntry(c.name, "spec", False, why[:300]))
+            continue
         if specs:
             passed.append((c, specs))
 

@@ -2,6 +2,11 @@
 
 Each hook receives a ``register`` callback instead of returning values, so the host validates
 every registration as it happens and can name the plugin that made a bad one.
+
+Mark implementations with ``@hookimpl``. As pytest does for ``pytest_*``, the host treats every
+``kreg_*`` function of a plugin as a hook: an unmarked one is still called (and reported as a
+warning by ``kreg list``), and a ``kreg_*`` name that is not one of these hooks (a typo) makes the
+plugin broken, with the closest hook name suggested.
 """
 
 import pluggy

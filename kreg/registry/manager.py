@@ -2,8 +2,14 @@
 
 Built-in plugins are registered explicitly and any error in them raises
 :class:`RegistrationError`. Third-party plugins come from the ``kreg`` entry-point group; each is
-isolated: an import error, an unknown hook, an exception in a hook or an invalid registration
-drops everything that plugin registered and is reported in :attr:`Registry.broken`.
+isolated: an import error, an unknown hook, an exception in a hook (any ``BaseException`` but
+``KeyboardInterrupt``: ``SystemExit`` from ``sys.exit()`` or an ``argparse`` parse at import
+too) or an invalid registration drops everything that plugin registered and is reported in
+:attr:`Registry.broken`. While a third-party plugin is imported or its hooks run, what it prints
+is captured (so ``kreg list --json`` stays JSON; it is passed on to stderr, or quoted in the
+error when the plugin breaks) and ``sys.argv`` is restored afterwards if it changed it.
+Functions named like hooks (``kreg_*``) but not marked ``@hookimpl`` are called as hooks, as
+pytest does, with an entry in :attr:`Registry.warnings`.
 
 ``KREG_PLUGINS`` selects third-party plugins: unset loads all, ``none`` (or empty) loads none, a
 comma-separated list loads only the entry points named.
@@ -11,10 +17,14 @@ comma-separated list loads only the entry points named.
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import importlib
 import importlib.metadata
 import inspect
+import io
 import os
+import sys
 from typing import Any
 
 import attrs
@@ -48,6 +58,23 @@ class RegistrationError(Exception):
 
 
 @attrs.frozen
+class PluginInfo:
+    """A third-party plugin: its entry point and the distribution that installs it."""
+
+    name: str  # entry point name
+    value: str  # entry point value ("module" or "module:object")
+    distribution: str | None
+    version: str | None
+
+    @property
+    def label(self) -> str:
+        """``distribution version`` as pytest's header shows plugins (or the entry point)."""
+        if self.distribution is None:
+            return self.value
+        return f"{self.distribution} {self.version or '?'}"
+
+
+@attrs.frozen
 class Registry:
     """Everything registered, by name. Built once per process by :func:`get_registry`."""
 
@@ -58,6 +85,12 @@ class Registry:
     scenarios: dict[str, Scenario]
     origin: dict[str, str]  # registered name -> plugin name ("builtin:<module>" or entry point)
     broken: list[tuple[str, str]]  # (plugin name, error) of skipped third-party plugins
+    # third-party plugins that loaded, by entry point name (broken ones are in ``broken``)
+    plugins: dict[str, PluginInfo] = attrs.field(factory=dict)
+    # (plugin name, warning): loaded, but something in it looks wrong (an unmarked hook)
+    warnings: list[tuple[str, str]] = attrs.field(factory=list)
+    # every discovered third-party plugin, loaded or broken
+    discovered: dict[str, PluginInfo] = attrs.field(factory=dict)
 
     def family_of(self, candidate: Candidate | str) -> Family:
         name = candidate if isinstance(candidate, str) else candidate.name
@@ -91,6 +124,7 @@ def reset_registry() -> None:
 # --- loading --------------------------------------------------------------------------------
 
 _DEFAULT_IMPL_OPTS = dict(hookspecs.hookimpl(lambda: None).kreg_impl)
+HOOK_NAMES = tuple(name for name, _ in PHASES)
 
 
 class _PluginManager(pluggy.PluginManager):
@@ -106,6 +140,48 @@ class _PluginManager(pluggy.PluginManager):
         return opts
 
 
+class _Isolated:
+    """Runs one step of a third-party plugin (import, register, a hook) so that nothing it does
+    escapes: any BaseException but KeyboardInterrupt is caught into ``error``, what it prints is
+    captured, and ``sys.argv`` is put back."""
+
+    def __init__(self):
+        self.error: BaseException | None = None
+        self.output = ""
+        self.argv_changed = False
+
+    def run(self, fn, *args):
+        argv = list(sys.argv)
+        buffer = io.StringIO()
+        result = None
+        try:
+            with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+                result = fn(*args)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - SystemExit, GeneratorExit, ... included
+            self.error = e
+        finally:
+            if sys.argv != argv:
+                sys.argv[:] = argv
+                self.argv_changed = True
+            self.output = buffer.getvalue()
+        if self.error is None and self.output:
+            sys.stderr.write(self.output)  # a plugin's own messages, kept off stdout
+        return result
+
+    def describe(self) -> str:
+        e = self.error
+        if isinstance(e, SystemExit):
+            text = f"SystemExit({e.code!r}): the plugin tried to exit the process"
+        else:
+            text = f"{type(e).__name__}: {e}"
+        lines = [line.strip() for line in self.output.splitlines() if line.strip()]
+        if lines:
+            text += f" (it printed: {lines[-1][:200]})"
+        return text
+
+
 def load_registry(plugins: str | Any | None = _ENV, *, builtins=BUILTIN_PLUGINS) -> Registry:
     """Load a fresh registry (uncached). ``plugins`` overrides ``$KREG_PLUGINS``."""
     if plugins is _ENV:
@@ -113,7 +189,9 @@ def load_registry(plugins: str | Any | None = _ENV, *, builtins=BUILTIN_PLUGINS)
     pm = _PluginManager("kreg")
     pm.add_hookspecs(hookspecs)
     broken: list[tuple[str, str]] = []
+    warnings: list[tuple[str, str]] = []
     loaded: list[str] = []
+    discovered: dict[str, PluginInfo] = {}
 
     for module_name in builtins:
         name = BUILTIN_PREFIX + module_name
@@ -124,16 +202,26 @@ def load_registry(plugins: str | Any | None = _ENV, *, builtins=BUILTIN_PLUGINS)
                 continue
             raise RegistrationError(name, f"import failed: {e}") from e
         try:
-            _add_plugin(pm, module, name)
+            warnings += [(name, w) for w in _add_plugin(pm, module, name)]
         except Exception as e:
             raise RegistrationError(name, str(e)) from e
         loaded.append(name)
 
+    def argv_warning(plugin: str, step: _Isolated, what: str) -> None:
+        if step.argv_changed:
+            warnings.append((plugin, f"{what} changed sys.argv (restored)"))
+
     for ep in _entry_points(plugins, broken):
-        try:
-            _add_plugin(pm, ep.load(), ep.name)
-        except Exception as e:
-            broken.append((ep.name, f"{type(e).__name__}: {e}"))
+        discovered[ep.name] = _plugin_info(ep)
+        step = _Isolated()
+        obj = step.run(ep.load)
+        argv_warning(ep.name, step, "import")
+        if step.error is None:
+            found = step.run(_add_plugin, pm, obj, ep.name)
+            if step.error is None:
+                warnings += [(ep.name, w) for w in found]
+        if step.error is not None:
+            broken.append((ep.name, step.describe()))
         else:
             loaded.append(ep.name)
 
@@ -143,23 +231,75 @@ def load_registry(plugins: str | Any | None = _ENV, *, builtins=BUILTIN_PLUGINS)
         broken.append((plugin, message))
         loaded.remove(plugin)
 
-    staged = _call_hooks(pm, loaded, fail)
+    staged = _call_hooks(pm, loaded, fail, argv_warning)
     # A plugin whose registrations fail validation is dropped whole and the rest rebuilt, so
     # nothing depends on a dropped plugin's targets, families or candidates.
     while True:
         try:
-            return _build([(p, kind, obj) for p in loaded for kind, obj in staged[p]], broken)
+            reg = _build([(p, kind, obj) for p in loaded for kind, obj in staged[p]], broken)
         except RegistrationError as e:
             fail(e.plugin, e.message, e)
+            continue
+        reg.plugins.update({p: discovered[p] for p in loaded if p in discovered})
+        reg.discovered.update(discovered)
+        dropped = {p for p, _ in broken}
+        reg.warnings.extend((p, w) for p, w in warnings if p not in dropped)
+        return reg
 
 
-def _add_plugin(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
+def _plugin_info(ep: importlib.metadata.EntryPoint) -> PluginInfo:
+    dist = getattr(ep, "dist", None)
+    try:
+        name = dist.metadata["Name"] if dist is not None else None
+        version = dist.version if dist is not None else None
+    except Exception:  # a distribution with broken metadata still names its entry point
+        name = version = None
+    return PluginInfo(ep.name, ep.value, name, version)
+
+
+def _add_plugin(pm: pluggy.PluginManager, plugin: Any, name: str) -> list[str]:
+    """Register ``plugin``; returns warnings about hook-like names it does not implement."""
     pm.register(plugin, name=name)
     try:
         pm.check_pending()  # an unknown (misspelled) hook is an error
-    except pluggy.PluginValidationError:
+    except pluggy.PluginValidationError as e:
         pm.unregister(name=name)
-        raise
+        unknown = [
+            n
+            for n in dir(plugin)
+            if n not in HOOK_NAMES
+            and (
+                n.startswith("kreg_")
+                or hasattr(inspect.getattr_static(plugin, n, None), "kreg_impl")
+            )
+        ]
+        hints = [
+            f"{n!r} is not a kreg hook; did you mean {close[0]!r}?"
+            for n in unknown
+            if (close := difflib.get_close_matches(n, HOOK_NAMES, n=1))
+        ]
+        raise pluggy.PluginValidationError(
+            e.plugin, " ".join([str(e), *hints, f"(kreg hooks: {', '.join(HOOK_NAMES)})"])
+        ) from e
+    return _hook_warnings(plugin)
+
+
+def _hook_warnings(plugin: Any) -> list[str]:
+    """Names that look like kreg hooks but are not called, or are called without a marker."""
+    out = []
+    for attr in dir(plugin):
+        if not attr.lower().startswith("kreg_"):
+            continue
+        found = inspect.getattr_static(plugin, attr, None)
+        if attr.startswith("kreg_") and inspect.isfunction(found):
+            if not hasattr(found, "kreg_impl"):
+                out.append(f"{attr} is not marked @hookimpl (called as a hook anyway)")
+        elif attr.lower() in HOOK_NAMES and attr not in HOOK_NAMES:
+            out.append(f"{attr}: hook names are lower case ({attr.lower()}): ignored")
+        elif callable(found) and not inspect.isclass(found):
+            what = type(found).__name__
+            out.append(f"{attr} looks like a kreg hook but is a {what}, not a function: ignored")
+    return out
 
 
 def _entry_points(allow: str | None, broken: list) -> list[importlib.metadata.EntryPoint]:
@@ -176,7 +316,7 @@ def _entry_points(allow: str | None, broken: list) -> list[importlib.metadata.En
     return [ep for ep in eps if ep.name in names]
 
 
-def _call_hooks(pm, loaded: list[str], fail) -> dict[str, list[tuple[type, Any]]]:
+def _call_hooks(pm, loaded: list[str], fail, argv_warning) -> dict[str, list[tuple[type, Any]]]:
     """Call each hook plugin by plugin, in PHASES order, staging what each registers."""
     staged: dict[str, list[tuple[type, Any]]] = {p: [] for p in loaded}
     for hook_name, kind in PHASES:
@@ -190,10 +330,18 @@ def _call_hooks(pm, loaded: list[str], fail) -> dict[str, list[tuple[type, Any]]
             for impl in impls:
                 if impl.plugin_name != plugin or plugin not in loaded:
                     continue
-                try:
-                    impl.function(*[register for _ in impl.argnames])
-                except Exception as e:
-                    fail(plugin, f"{hook_name} raised {type(e).__name__}: {e}", e)
+                args = [register for _ in impl.argnames]
+                if plugin.startswith(BUILTIN_PREFIX):
+                    try:
+                        impl.function(*args)
+                    except Exception as e:
+                        fail(plugin, f"{hook_name} raised {type(e).__name__}: {e}", e)
+                    continue
+                step = _Isolated()
+                step.run(impl.function, *args)
+                argv_warning(plugin, step, hook_name)
+                if step.error is not None:
+                    fail(plugin, f"{hook_name} raised {step.describe()}", step.error)
     return staged
 
 
@@ -203,7 +351,13 @@ def _build(staged: list[tuple[str, type, Any]], broken: list) -> Registry:
     for _, kind in PHASES:
         for plugin, item_kind, obj in staged:
             if item_kind is kind:
-                _check(reg, plugin, kind, obj)
+                try:
+                    _check(reg, plugin, kind, obj)
+                except RegistrationError:
+                    raise
+                except Exception as e:  # a malformed object: its fields are not what they say
+                    message = f"invalid {kind.__name__} registration: {type(e).__name__}: {e}"
+                    raise RegistrationError(plugin, message) from e
     return reg
 
 

@@ -78,7 +78,7 @@ def kda_prefill(
         use_beta_sigmoid, state_layout, output_chunk_states,
     )  # fmt: skip
     selection = select(problem, target=_target(q, target), algorithm=algorithm,
-                       allow_opt_in=allow_opt_in)  # fmt: skip
+                       allow_opt_in=allow_opt_in, family="kda")  # fmt: skip
     return run_selection(selection, call, problem)
 
 

@@ -223,7 +223,7 @@ def _chunk_size(problem, q, target, algorithm, allow_opt_in) -> int:
     from kreg.dispatch import select
 
     selection = select(problem, target=api._target(q, target), algorithm=algorithm,
-                       allow_opt_in=allow_opt_in)  # fmt: skip
+                       allow_opt_in=allow_opt_in, family="kda")  # fmt: skip
     return selection.spec.tile.chunk
 
 

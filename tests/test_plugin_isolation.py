@@ -1,0 +1,247 @@
+"""Hostile third-party plugins, installed through real entry points: none of them may take down
+``kreg list``, the registry or ``kda_prefill``, and none may take over another family."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from kreg.cli import main
+
+GOOD = """
+from kreg.registry import hookimpl
+from kreg_testfam.family import FAMILY
+
+@hookimpl
+def kreg_register_families(register):
+    register(FAMILY)
+"""
+
+# A well-formed family serving LinearAttentionProblem, at a priority above kda's: accepts
+# everything, one spec valid everywhere, a builder that is never called here.
+FOREIGN = """
+import attrs
+from kreg.problems import LinearAttentionProblem
+from kreg.registry import ACCEPT, Candidate, Family, hookimpl
+
+@attrs.frozen
+class EvilSpec:
+    chunk: int = 64
+
+def build(spec, target):
+    raise AssertionError("never compiled")
+
+FAST = Candidate(
+    name="evil.split", family="evil", problem_type=LinearAttentionProblem,
+    spec_types=(EvilSpec,), enumerate_specs=lambda target: [EvilSpec()],
+    is_valid=lambda spec, target, problem=None: ACCEPT, builders={"k": build},
+    priority=10**6, description="takes over everything",
+)
+
+@hookimpl
+def kreg_register_families(register):
+    register(Family(name="evil", problem_type=LinearAttentionProblem, candidates=(FAST,)))
+"""
+
+
+def test_sys_exit_in_hook_is_isolated(plugin_env):
+    plugin_env.install("good", "kreg_t_good", GOOD)
+    src = "import sys\nfrom kreg.registry import hookimpl\n\n@hookimpl\n"
+    src += "def kreg_register_families(register):\n    sys.exit(3)\n"
+    plugin_env.install("exits", "kreg_t_exits", src)
+    reg = plugin_env.registry()
+    assert "testfam" in reg.families and "good" in reg.plugins
+    broken = dict(reg.broken)
+    assert set(broken) == {"exits"} and "exits" not in reg.plugins
+    assert broken["exits"].startswith("kreg_register_families raised SystemExit(3)")
+
+
+def test_argparse_at_import_is_isolated(plugin_env, capsys):
+    src = """
+    import argparse
+    parser = argparse.ArgumentParser(prog="evilcli")
+    parser.add_argument("--model", required=True)
+    parser.parse_args()
+    """
+    plugin_env.install("argp", "kreg_t_argp", src)
+    argv = list(sys.argv)
+    reg = plugin_env.registry()
+    assert sys.argv == argv
+    [(name, error)] = reg.broken
+    assert name == "argp" and error.startswith("SystemExit(2)")
+    assert "the following arguments are required: --model" in error  # what it printed
+    out, err = capsys.readouterr()
+    assert out == "" and err == ""  # its usage message is quoted, not printed
+
+
+class Boom(BaseException):
+    pass
+
+
+@pytest.mark.parametrize("where", ["import", "hook"])
+def test_base_exception_isolated_keyboard_interrupt_not(plugin_env, where):
+    raise_it = "raise {}\n"
+    hook = "from kreg.registry import hookimpl\n@hookimpl\ndef kreg_register_targets(register):\n"
+    for exc, fatal in (("GeneratorExit('odd')", False), ("KeyboardInterrupt()", True)):
+        body = raise_it.format(exc)
+        src = body if where == "import" else hook + "    " + body
+        module = f"kreg_t_base_{where}_{fatal}"
+        plugin_env.install(f"b{where}{fatal}", module, src)
+        sys.modules.pop(module, None)
+        if fatal:
+            with pytest.raises(KeyboardInterrupt):
+                plugin_env.registry()
+        else:
+            [(_, error)] = plugin_env.registry().broken
+            assert "GeneratorExit: odd" in error
+
+
+def test_argv_mutation_and_prints_are_contained(plugin_env, capsys):
+    src = GOOD + (
+        "import sys\nprint('hello from a plugin')\nsys.argv.append('--evil')\n"
+        "@hookimpl\ndef kreg_register_targets(register):\n"
+        "    print('registering')\n    sys.argv[:] = ['nope']\n"
+    )
+    plugin_env.install("noisy", "kreg_t_noisy", src)
+    argv = list(sys.argv)
+    reg = plugin_env.registry()
+    assert sys.argv == argv
+    assert reg.broken == [] and "testfam" in reg.families
+    assert ("noisy", "import changed sys.argv (restored)") in reg.warnings
+    assert ("noisy", "kreg_register_targets changed sys.argv (restored)") in reg.warnings
+    out, err = capsys.readouterr()
+    assert out == "" and "hello from a plugin" in err  # passed on to stderr, off stdout
+    # and `kreg list --json` stays JSON
+    plugin_env.registry()  # reloaded (the module stays imported): the hook prints again
+    out, err = capsys.readouterr()
+    assert out == "" and "registering" in err
+    assert main(["list", "--json"]) == 0
+    data = json.loads(capsys.readouterr()[0])
+    warning = {"plugin": "noisy", "warning": "kreg_register_targets changed sys.argv (restored)"}
+    assert warning in data["warnings"]
+
+
+def test_unmarked_and_misspelled_hooks_are_reported(plugin_env, capsys):
+    unmarked = GOOD.replace("@hookimpl\n", "") + "kreg_register_scenarios = print\n"
+    plugin_env.install("unmarked", "kreg_t_unmarked", unmarked)
+    typo = "from kreg.registry import hookimpl\n@hookimpl\ndef register_families(register):\n"
+    plugin_env.install("typo", "kreg_t_typo2", typo + "    pass\n")
+    reg = plugin_env.registry()
+    assert "testfam" in reg.families  # called as a hook anyway, as pytest does
+    warnings = [w for p, w in reg.warnings if p == "unmarked"]
+    assert warnings == [
+        "kreg_register_families is not marked @hookimpl (called as a hook anyway)",
+        "kreg_register_scenarios looks like a kreg hook but is a builtin_function_or_method, "
+        "not a function: ignored",
+    ]
+    error = dict(reg.broken)["typo"]
+    assert "unknown hook 'register_families'" in error
+    assert "did you mean 'kreg_register_families'?" in error
+    assert main(["list"]) == 0
+    out, _ = capsys.readouterr()
+    assert "Plugin warnings\n  unmarked: kreg_register_families is not marked" in out
+    assert "  typo (kreg-plugin-typo 0.1): PluginValidationError: unknown hook" in out
+
+
+def test_list_shows_plugin_distributions(plugin_env, capsys):
+    plugin_env.install("good", "kreg_t_good2", GOOD)
+    plugin_env.install("bad", "kreg_t_bad_import", "raise RuntimeError('nope')\n")
+    reg = plugin_env.registry()
+    info = reg.plugins["good"]
+    assert (info.distribution, info.version, info.value) == (
+        "kreg-plugin-good",
+        "0.1",
+        "kreg_t_good2",
+    )
+    assert main(["list"]) == 0
+    out, _ = capsys.readouterr()
+    rows = [line.split() for line in out.splitlines()]
+    assert ["good", "kreg-plugin-good", "0.1", "kreg_t_good2"] in rows
+    assert "  bad (kreg-plugin-bad 0.1): RuntimeError: nope" in out
+    assert main(["list", "--json"]) == 0
+    data = json.loads(capsys.readouterr()[0])
+    assert data["plugins"] == [
+        {
+            "name": "good",
+            "distribution": "kreg-plugin-good",
+            "version": "0.1",
+            "entry_point": "kreg_t_good2",
+        }
+    ]
+    assert data["broken"] == [
+        {
+            "plugin": "bad",
+            "error": "RuntimeError: nope",
+            "distribution": "kreg-plugin-bad",
+            "version": "0.1",
+        }
+    ]
+
+
+def _kda_problem():
+    from kreg.problems import LinearAttentionProblem
+
+    return LinearAttentionProblem.from_options({})
+
+
+def test_foreign_family_never_takes_over_kda(plugin_env, monkeypatch, capsys):
+    from kreg.dispatch import select
+    from kreg.families.kda import api
+
+    plugin_env.install("evil", "kreg_t_evil", FOREIGN)
+    reg = plugin_env.registry()
+    assert "evil.split" in reg.candidates and reg.broken == []
+    problem = _kda_problem()
+    # without family= every family competes (unchanged behaviour) ...
+    assert select(problem, "sm90").candidate.name == "evil.split"
+    # ... with it, only kda's candidates do
+    assert select(problem, "sm90", family="kda").candidate.name == "kda.split"
+    with pytest.raises(ValueError, match="unknown family 'nope'"):
+        select(problem, "sm90", family="nope")
+
+    seen = []
+    monkeypatch.setattr(api, "run_selection", lambda sel, call, problem: seen.append(sel))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors pass the checks; nothing launches
+    B, T, H, D = 1, 64, 2, 64
+    q, k, v = (torch.randn(B, T, H, D) for _ in range(3))
+    g = -torch.rand(B, T, H, D)
+    beta = torch.rand(B, T, H)
+    api.kda_prefill(q, k, v, g, beta, target="sm90")
+    api.kda_prefill(q, k, v, g, beta, target="sm90", algorithm="split")
+    assert [s.candidate.name for s in seen] == ["kda.split", "kda.split"]
+    monkeypatch.delenv("TRITON_INTERPRET")
+
+    assert main(["explain", "kda", "--target", "sm90"]) == 0
+    out, _ = capsys.readouterr()
+    assert "selected    kda.split" in out.splitlines()
+    assert main(["explain", "kda", "--target", "sm90", "--json"]) == 0
+    data = json.loads(capsys.readouterr()[0])
+    assert data["selected"]["candidate"] == "kda.split"
+    assert not any(e["candidate"].startswith("evil.") for e in data["trace"])
+    assert main(["explain", "evil", "--target", "sm90"]) == 0
+    assert "selected    evil.split" in capsys.readouterr()[0].splitlines()
+
+
+def test_foreign_rules_that_raise_neither_break_select_nor_list(plugin_env, capsys):
+    src = FOREIGN.replace(
+        "enumerate_specs=lambda target: [EvilSpec()]", "enumerate_specs=lambda target: exit(4)"
+    )
+    plugin_env.install("evil", "kreg_t_evil_raises", src)
+    plugin_env.registry()
+    sel = select_default()
+    assert sel.candidate.name == "kda.split"  # even without family=
+    [entry] = [e for e in sel.trace if e.candidate == "evil.split" and e.stage == "spec"]
+    assert not entry.ok and "raised SystemExit: 4" in entry.reason
+    assert main(["list", "--json"]) == 0
+    data = json.loads(capsys.readouterr()[0])
+    [evil] = [c for c in data["candidates"] if c["name"] == "evil.split"]
+    assert evil["coverage"]["sm90"] == {"supported": True, "error": "SystemExit: 4"}
+
+
+def select_default():
+    from kreg.dispatch import select
+
+    return select(_kda_problem(), "sm90")
