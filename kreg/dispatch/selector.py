@@ -72,6 +72,8 @@ def select(
     ValueError for an unknown algorithm or target.
     """
     global _cache_registry
+    if not isinstance(allow_opt_in, bool):  # before the cache, where "no" would be a key
+        raise ValueError(f"allow_opt_in: must be a bool, got {allow_opt_in!r}")
     registry = get_registry()
     if registry is not _cache_registry:
         _cache.clear()
