@@ -425,6 +425,19 @@ def test_select_wants_a_bool_allow_opt_in():
             select(_default_problem(), "sm90", allow_opt_in=value)
 
 
+@pytest.mark.parametrize(
+    "field,value",
+    [("qk_l2norm", "no"), ("beta_sigmoid", 1), ("initial_state", None), ("varlen", "yes"),
+     ("output_final_state", np.bool_(True)), ("output_chunk_states", 0), ("num_seqs", True),
+     ("batch", 0), ("heads_qk", True), ("dtype", "fp8")],
+)  # fmt: skip
+def test_problem_fields_are_validated(field, value):
+    """What kda_prefill builds is checked again where the dispatcher keys on it."""
+    kw = {"varlen": True} if field == "num_seqs" else {}
+    with pytest.raises(ValueError, match=f"^{field} must be"):
+        _default_problem(**kw, **{field: value})
+
+
 @pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"), reason="needs a non-interpreter run"
 )
