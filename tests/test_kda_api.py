@@ -8,9 +8,11 @@ device check; the launchers are patched to fail the test if validation ever lets
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -53,9 +55,8 @@ def make(B=1, T=8, H=2, HV=2, K=32, V=32, dtype=torch.float16):
 
 def call(args: dict, **kwargs):
     args = dict(args)
-    return api.kda_prefill(
-        args.pop("q"), args.pop("k"), args.pop("v"), args.pop("g"), args.pop("beta"), **kwargs
-    )
+    tensors = [args.pop(name) for name in ("q", "k", "v", "g", "beta")]
+    return api.kda_prefill(*tensors, **{**args, **kwargs})
 
 
 def expect(name: str, args: dict, fragment: str = "", **kwargs):
@@ -97,17 +98,33 @@ def test_g_and_beta_may_be_fp32(no_launch):
         call(args)
 
 
-# --- tensors -------------------------------------------------------------------------------------
+# --- the whole domain of bad input, in one table ----------------------------------------------
+#
+# Each row: (id, mutation of the baseline call, argument the message starts with, fragment).
+# The baseline is make(): q, k [1, 8, 2, 32], v [1, 8, 2, 32], g [1, 8, 2, 32], beta [1, 8, 2],
+# fp16 on the CPU; a mutation maps the call's keyword dict to a new one. Every rejection is a
+# ValueError raised before any launch (the no_launch fixture would turn a launch into Launched).
+
+TENSORS = ("q", "k", "v", "g", "beta")
 
 
-def _with(**changes):
-    def edit(args):
-        args = dict(args)
-        for key, fn in changes.items():
-            args[key] = fn(args[key])
-        return args
+def opts(**kwargs):
+    """Add or replace keyword arguments."""
+    return lambda a: {**a, **kwargs}
 
-    return edit
+
+def edit(**fns):
+    """Transform some of the baseline tensors."""
+    return lambda a: {**a, **{name: fn(a[name]) for name, fn in fns.items()}}
+
+
+def shape(**dims):
+    """A baseline of other sizes or dtype (make's keywords)."""
+    return lambda a: {**a, **make(**dims)}
+
+
+def grad(x):
+    return x.clone().requires_grad_()
 
 
 def _noncontig(x):
@@ -116,111 +133,191 @@ def _noncontig(x):
     return y
 
 
-TENSOR_CASES = [
-    # (id, edit, argument named, message fragment)
-    ("q_3d", _with(q=lambda x: x[0]), "q", "4-d"),
-    ("q_not_tensor", _with(q=lambda x: x.tolist()), "q", "4-d"),
-    ("q_int", _with(q=lambda x: x.to(torch.int32)), "q", "not supported"),
-    ("q_T0", _with(q=lambda x: x[:, :0]), "q", "must be positive"),
-    ("k_shape", _with(k=lambda x: x[:, :, :1]), "k", "expected shape"),
-    ("k_3d", _with(k=lambda x: x[0]), "k", "expected shape"),
-    ("k_not_tensor", _with(k=lambda x: x.numpy()), "k", "torch.Tensor"),
-    ("v_3d", _with(v=lambda x: x[0]), "v", "4-d"),
-    ("v_T", _with(v=lambda x: x[:, :4]), "v", "expected shape"),
-    ("v_batch", _with(v=lambda x: torch.cat([x, x])), "v", "expected shape"),
-    ("g_shape", _with(g=lambda x: x[..., :16]), "g", "expected shape"),
-    ("g_3d", _with(g=lambda x: x[0]), "g", "expected shape"),
-    ("beta_4d", _with(beta=lambda x: x[..., None]), "beta", "expected shape"),
-    ("beta_heads", _with(beta=lambda x: x[..., :1]), "beta", "expected shape"),
-    ("k_dtype", _with(k=lambda x: x.float()), "k", "dtype"),
-    ("v_dtype", _with(v=lambda x: x.to(torch.bfloat16)), "v", "dtype"),
-    ("g_dtype", _with(g=lambda x: x.to(torch.bfloat16)), "g", "dtype"),
-    ("beta_dtype", _with(beta=lambda x: x.double()), "beta", "dtype"),
-    ("q_noncontig", _with(q=_noncontig), "q", "contiguous"),
-    ("k_noncontig", _with(k=_noncontig), "k", "contiguous"),
-    ("v_noncontig", _with(v=_noncontig), "v", "contiguous"),
-    ("g_noncontig", _with(g=_noncontig), "g", "contiguous"),
-    ("beta_noncontig", _with(beta=_noncontig), "beta", "contiguous"),
-    ("k_device", _with(k=lambda x: x.to("meta")), "k", "on meta"),
-]
+def _meta(a):
+    return {**a, **{n: a[n].to("meta") for n in TENSORS}}
 
 
-@pytest.mark.parametrize("edit,name,fragment", [c[1:] for c in TENSOR_CASES],
-                         ids=[c[0] for c in TENSOR_CASES])  # fmt: skip
-def test_bad_tensors(no_launch, edit, name, fragment):
-    expect(name, edit(make()), fragment)
+H0 = torch.zeros(1, 2, 32, 32)
+CU = torch.tensor([0, 4, 8])
+SIG = dict(gate_activation="sigmoid_bound")
+
+REJECTIONS = [
+    # q: type, rank, dtype, every dimension, head dim, layout, device, gradient
+    ("q_not_tensor", edit(q=lambda x: x.tolist()), "q", "4-d torch.Tensor"),
+    ("q_3d", edit(q=lambda x: x[0]), "q", "4-d"),
+    ("q_int", edit(q=lambda x: x.to(torch.int32)), "q", "not supported"),
+    ("q_fp64", edit(q=lambda x: x.double()), "q", "not supported"),
+    ("q_B0", shape(B=0), "q", "dimension B"),
+    ("q_T0", shape(T=0), "q", "dimension T"),
+    ("q_H0", shape(H=0), "q", "dimension H"),
+    ("q_K0", shape(K=0), "q", "dimension K"),
+    ("q_K48", shape(K=48), "q", "head dim 48 not supported"),
+    ("q_K512", shape(K=512, V=32), "q", "head dim 512"),
+    ("q_noncontig", edit(q=_noncontig), "q", "contiguous"),
+    ("q_bf16_cpu", shape(dtype=torch.bfloat16), "q", "bf16 on CPU"),
+    ("q_meta", _meta, "q", "device meta not supported"),
+    ("q_grad", edit(q=grad), "q", "requires grad"),
+    # k
+    ("k_not_tensor", edit(k=lambda x: x.numpy()), "k", "torch.Tensor"),
+    ("k_none", opts(k=None), "k", "torch.Tensor"),
+    ("k_3d", edit(k=lambda x: x[0]), "k", "expected shape"),
+    ("k_heads", edit(k=lambda x: x[:, :, :1]), "k", "expected shape"),
+    ("k_B0", edit(k=lambda x: x[:0]), "k", "expected shape"),
+    ("k_dtype", edit(k=lambda x: x.float()), "k", "dtype"),
+    ("k_noncontig", edit(k=_noncontig), "k", "contiguous"),
+    ("k_device", edit(k=lambda x: x.to("meta")), "k", "on meta"),
+    ("k_grad", edit(k=grad), "k", "requires grad"),
+    # v
+    ("v_not_tensor", opts(v=3.0), "v", "4-d torch.Tensor"),
+    ("v_3d", edit(v=lambda x: x[0]), "v", "4-d"),
+    ("v_T", edit(v=lambda x: x[:, :4]), "v", "expected shape"),
+    ("v_batch", edit(v=lambda x: torch.cat([x, x])), "v", "expected shape"),
+    ("v_T0", edit(v=lambda x: x[:, :0]), "v", "dimension T"),
+    ("v_HV0", shape(HV=0), "v", "dimension HV"),
+    ("v_V0", shape(V=0), "v", "dimension V"),
+    ("v_HV_not_multiple", shape(H=2, HV=3), "v", "multiple of qk heads H=2"),
+    ("v_V48", shape(V=48), "v", "head dim 48 not supported"),
+    ("v_dtype", edit(v=lambda x: x.to(torch.bfloat16)), "v", "dtype"),
+    ("v_noncontig", edit(v=_noncontig), "v", "contiguous"),
+    ("v_grad", edit(v=grad), "v", "requires grad"),
+    # g
+    ("g_not_tensor", opts(g=None), "g", "torch.Tensor"),
+    ("g_3d", edit(g=lambda x: x[0]), "g", "expected shape"),
+    ("g_K", edit(g=lambda x: x[..., :16]), "g", "expected shape"),
+    ("g_dtype", edit(g=lambda x: x.to(torch.bfloat16)), "g", "dtype"),
+    ("g_noncontig", edit(g=_noncontig), "g", "contiguous"),
+    ("g_grad", edit(g=grad), "g", "requires grad"),
+    # beta
+    ("beta_not_tensor", edit(beta=lambda x: x.numpy()), "beta", "torch.Tensor"),
+    ("beta_4d", edit(beta=lambda x: x[..., None]), "beta", "expected shape"),
+    ("beta_heads", edit(beta=lambda x: x[..., :1]), "beta", "expected shape"),
+    ("beta_dtype", edit(beta=lambda x: x.double()), "beta", "dtype"),
+    ("beta_noncontig", edit(beta=_noncontig), "beta", "contiguous"),
+    ("beta_grad", edit(beta=grad), "beta", "requires grad"),
+    # scale: a finite real, or a 0-d CPU tensor
+    ("scale_nan", opts(scale=math.nan), "scale", "finite number"),
+    ("scale_inf", opts(scale=math.inf), "scale", "finite number"),
+    ("scale_ninf", opts(scale=-math.inf), "scale", "finite number"),
+    ("scale_np_nan", opts(scale=np.float32("nan")), "scale", "finite number"),
+    ("scale_str", opts(scale="1.0"), "scale", "finite number"),
+    ("scale_bool", opts(scale=True), "scale", "finite number"),
+    ("scale_np_bool", opts(scale=np.bool_(True)), "scale", "finite number"),
+    ("scale_list", opts(scale=[1.0]), "scale", "finite number"),
+    ("scale_complex", opts(scale=1j), "scale", "finite number"),
+    ("scale_1d_tensor", opts(scale=torch.tensor([0.5])), "scale", "0-d tensor"),
+    ("scale_bool_tensor", opts(scale=torch.tensor(True)), "scale", "finite number"),
+    ("scale_nan_tensor", opts(scale=torch.tensor(math.nan)), "scale", "finite number"),
+    # meta stands in for CUDA here: any non-CPU 0-d tensor is refused, as reading it would sync
+    ("scale_device_tensor", opts(scale=torch.tensor(0.5, device="meta")), "scale", "device sync"),
+    ("scale_grad_tensor", opts(scale=torch.tensor(0.5, requires_grad=True)), "scale",
+     "requires grad"),
+    # gate options
+    ("gate_activation", opts(gate_activation="relu"), "gate_activation", "'relu'"),
+    ("lower_bound_softplus", opts(gate_activation="softplus", gate_lower_bound=-5.0),
+     "gate_lower_bound", "None"),
+    ("lower_bound_positive", opts(gate_lower_bound=1.0), "gate_lower_bound", "finite negative"),
+    ("lower_bound_zero", opts(gate_lower_bound=0), "gate_lower_bound", "finite negative"),
+    ("lower_bound_nan", opts(gate_lower_bound=math.nan), "gate_lower_bound", "finite negative"),
+    ("lower_bound_bool", opts(gate_lower_bound=True), "gate_lower_bound", "finite negative"),
+    ("lower_bound_str", opts(gate_lower_bound="-5"), "gate_lower_bound", "finite negative"),
+    # A_log [HV] (or any shape of HV elements), dt_bias [HV * K] or [HV, K]; fp32
+    ("A_log_unused", opts(A_log=torch.zeros(2)), "A_log", "sigmoid_bound"),
+    ("A_log_numel", opts(**SIG, A_log=torch.zeros(3)), "A_log", "expected shape (2,)"),
+    ("A_log_2x2", opts(**SIG, A_log=torch.zeros(2, 2)), "A_log", "expected shape (2,)"),
+    ("A_log_3x1", opts(**SIG, A_log=torch.zeros(3, 1)), "A_log", "expected shape (2,)"),
+    ("A_log_dtype", opts(**SIG, A_log=torch.zeros(2).half()), "A_log", "dtype"),
+    ("A_log_list", opts(**SIG, A_log=[0.0, 0.0]), "A_log", "torch.Tensor"),
+    ("A_log_device", opts(**SIG, A_log=torch.zeros(2, device="meta")), "A_log", "on meta"),
+    ("A_log_noncontig", opts(**SIG, A_log=torch.zeros(2, 2)[:, 0]), "A_log", "contiguous"),
+    ("A_log_grad", opts(**SIG, A_log=torch.zeros(2, requires_grad=True)), "A_log",
+     "requires grad"),
+    ("dt_bias_unused", opts(dt_bias=torch.zeros(64)), "dt_bias", "sigmoid_bound"),
+    ("dt_bias_numel", opts(**SIG, dt_bias=torch.zeros(32)), "dt_bias", "expected shape (64,)"),
+    ("dt_bias_KxHV", opts(**SIG, dt_bias=torch.zeros(32, 2)), "dt_bias", "or (HV, K)"),
+    ("dt_bias_3d", opts(**SIG, dt_bias=torch.zeros(1, 2, 32)), "dt_bias", "expected shape"),
+    ("dt_bias_dtype", opts(**SIG, dt_bias=torch.zeros(64).double()), "dt_bias", "dtype"),
+    ("dt_bias_grad", opts(**SIG, dt_bias=torch.zeros(64, requires_grad=True)), "dt_bias",
+     "requires grad"),
+    ("dt_bias_softplus", opts(gate_activation="softplus", gate_lower_bound=None,
+                              dt_bias=torch.zeros(2, 31)), "dt_bias", "expected shape"),
+    # flags: exactly bool
+    ("output_final_state", opts(output_final_state=1), "output_final_state", "must be a bool"),
+    ("use_qk_l2norm", opts(use_qk_l2norm="yes"), "use_qk_l2norm", "must be a bool"),
+    ("use_beta_sigmoid", opts(use_beta_sigmoid=None), "use_beta_sigmoid", "must be a bool"),
+    ("output_chunk_states", opts(output_chunk_states=torch.tensor(True)), "output_chunk_states",
+     "must be a bool"),
+    ("allow_opt_in_str", opts(allow_opt_in="no"), "allow_opt_in", "must be a bool"),
+    ("allow_opt_in_int", opts(allow_opt_in=1), "allow_opt_in", "must be a bool"),
+    ("state_layout", opts(state_layout="KV"), "state_layout", "'kv' or 'vk'"),
+    # initial_state [B or N, HV, K, V] (vk: [.., V, K]), fp32 or bf16
+    ("initial_state_batch", opts(initial_state=torch.zeros(2, 2, 32, 32)), "initial_state",
+     "expected shape"),
+    ("initial_state_3d", opts(initial_state=torch.zeros(2, 32, 32)), "initial_state",
+     "expected shape"),
+    ("initial_state_dtype", opts(initial_state=H0.half()), "initial_state", "dtype"),
+    ("initial_state_list", opts(initial_state=[[0.0]]), "initial_state", "torch.Tensor"),
+    ("initial_state_vk", lambda a: {**a, **make(K=32, V=64), "state_layout": "vk",
+                                    "initial_state": torch.zeros(1, 2, 32, 64)},
+     "initial_state", "expected shape (1, 2, 64, 32)"),
+    ("initial_state_kv", lambda a: {**a, **make(K=32, V=64),
+                                    "initial_state": torch.zeros(1, 2, 64, 32)},
+     "initial_state", "expected shape (1, 2, 32, 64)"),
+    ("initial_state_varlen", opts(initial_state=H0, cu_seqlens=CU), "initial_state",
+     "expected shape (2, 2, 32, 32)"),
+    ("initial_state_device", opts(initial_state=H0.to("meta")), "initial_state", "on meta"),
+    ("initial_state_grad", opts(initial_state=H0.clone().requires_grad_()), "initial_state",
+     "requires grad"),
+    # cu_seqlens: 1-d int64/int32 [N + 1] from 0 to T, non-decreasing, with B == 1
+    ("cu_float", opts(cu_seqlens=CU.double()), "cu_seqlens", "int64 or torch.int32"),
+    ("cu_int16", opts(cu_seqlens=CU.to(torch.int16)), "cu_seqlens", "int64 or torch.int32"),
+    ("cu_list", opts(cu_seqlens=[0, 4, 8]), "cu_seqlens", "1-d tensor"),
+    ("cu_2d", opts(cu_seqlens=CU[None]), "cu_seqlens", "1-d tensor"),
+    ("cu_one_entry", opts(cu_seqlens=torch.tensor([0])), "cu_seqlens", "1-d tensor"),
+    ("cu_start", opts(cu_seqlens=torch.tensor([1, 4, 8])), "cu_seqlens", "start at 0"),
+    ("cu_decreasing", opts(cu_seqlens=torch.tensor([0, 6, 4, 8])), "cu_seqlens",
+     "non-decreasing"),
+    ("cu_past_T", opts(cu_seqlens=torch.tensor([0, 4, 9])), "cu_seqlens", "end at T=8"),
+    ("cu_short_of_T", opts(cu_seqlens=torch.tensor([0, 4, 7])), "cu_seqlens", "end at T=8"),
+    ("cu_batch", lambda a: {**a, **make(B=2), "cu_seqlens": CU}, "cu_seqlens", "B == 1"),
+    ("cu_device", opts(cu_seqlens=CU.to("meta")), "cu_seqlens", "on meta"),
+    ("cu_cpu_alone", opts(cu_seqlens_cpu=CU), "cu_seqlens_cpu", "without"),
+    ("cu_cpu_int16", opts(cu_seqlens=CU, cu_seqlens_cpu=CU.to(torch.int16)), "cu_seqlens_cpu",
+     "int64 or torch.int32"),
+    ("cu_cpu_shape", opts(cu_seqlens=CU, cu_seqlens_cpu=torch.tensor([0, 8])), "cu_seqlens_cpu",
+     "differs"),
+    ("cu_cpu_not_on_cpu", opts(cu_seqlens=CU, cu_seqlens_cpu=CU.to("meta")), "cu_seqlens_cpu",
+     "must be a CPU tensor"),
+    # the host copy is what gets validated (never a device sync), and what the kernels then read
+    ("cu_cpu_copy_bad", opts(cu_seqlens=CU, cu_seqlens_cpu=torch.tensor([0, 4, 9])), "cu_seqlens",
+     "end at T=8"),
+    ("target", opts(target="sm80"), "target", "'sm80'"),
+]  # fmt: skip
 
 
-def test_heads_and_head_dims(no_launch):
-    expect("v", make(H=2, HV=3), "multiple of qk heads H=2")
-    expect("q", make(K=48), "head dim 48 not supported")
-    expect("v", make(V=48), "head dim 48 not supported")
-    expect("q", make(K=512, V=32), "head dim 512")
+@pytest.mark.parametrize("mutate,name,fragment", [r[1:] for r in REJECTIONS],
+                         ids=[r[0] for r in REJECTIONS])  # fmt: skip
+def test_rejections(no_launch, mutate, name, fragment):
+    expect(name, mutate(make()), fragment)
 
 
-def test_gqa_shapes_accepted(no_launch):
-    with pytest.raises(Launched):
-        call(make(H=1, HV=2))
+def test_rejection_ids_are_unique():
+    ids = [r[0] for r in REJECTIONS]
+    assert len(ids) == len(set(ids))
 
 
-# --- scalars and options -----------------------------------------------------------------------
+# --- accepted forms --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scale", [math.nan, math.inf, -math.inf, "1.0", True, [1.0]])
-def test_bad_scale(no_launch, scale):
-    expect("scale", make(), "finite number", scale=scale)
+def prepared(args: dict, **kwargs):
+    """The (problem, Call) ``kda_prefill`` would launch with (no launch)."""
+    full = {**dict.fromkeys(inspect.signature(api._prepare).parameters), **_PREPARE_DEFAULTS}
+    return api._prepare(**{**full, **args, **kwargs})
 
 
-def test_bad_gate_activation(no_launch):
-    expect("gate_activation", make(), "'relu'", gate_activation="relu")
-
-
-def test_softplus_with_a_lower_bound(no_launch):
-    expect("gate_lower_bound", make(), "None", gate_activation="softplus")
-    expect("gate_lower_bound", make(), "None", gate_activation="softplus", gate_lower_bound=-5.0)
-
-
-@pytest.mark.parametrize("bound", [1.0, 0.0, 0, math.nan, -math.inf, True, "-5"])
-def test_bad_lower_bound(no_launch, bound):
-    expect("gate_lower_bound", make(), "finite negative", gate_lower_bound=bound)
-
-
-def test_gate_params_without_activation(no_launch):
-    expect("A_log", make(), "sigmoid_bound", A_log=torch.zeros(2))
-    expect("dt_bias", make(), "sigmoid_bound", dt_bias=torch.zeros(64))
-
-
-@pytest.mark.parametrize("act", ["sigmoid_bound", "softplus"])
-def test_bad_gate_params(no_launch, act):
-    kw = dict(gate_activation=act)
-    if act == "softplus":
-        kw["gate_lower_bound"] = None
-    expect("A_log", make(), "expected shape (2,)", A_log=torch.zeros(3), **kw)
-    expect("A_log", make(), "expected shape (2,)", A_log=torch.zeros(2, 1), **kw)
-    expect("A_log", make(), "dtype", A_log=torch.zeros(2, dtype=torch.float16), **kw)
-    expect("dt_bias", make(), "expected shape (64,)", dt_bias=torch.zeros(2, 32), **kw)
-    expect("dt_bias", make(), "expected shape (64,)", dt_bias=torch.zeros(32), **kw)
-    expect("dt_bias", make(), "dtype", dt_bias=torch.zeros(64, dtype=torch.float64), **kw)
-
-
-def test_bad_state_layout(no_launch):
-    expect("state_layout", make(), "'kv' or 'vk'", state_layout="KV")
-
-
-def test_bad_initial_state(no_launch):
-    expect("initial_state", make(), "expected shape", initial_state=torch.zeros(2, 2, 32, 32))
-    expect("initial_state", make(), "expected shape", initial_state=torch.zeros(2, 32, 32))
-    expect("initial_state", make(), "dtype", initial_state=torch.zeros(1, 2, 32, 32).half())
-    expect("initial_state", make(), "torch.Tensor", initial_state=[[0.0]])
-    # K != V: the layout decides the shape
-    args = make(K=32, V=64)
-    expect("initial_state", args, "expected shape (1, 2, 64, 32)",
-           initial_state=torch.zeros(1, 2, 32, 64), state_layout="vk")  # fmt: skip
-    expect("initial_state", args, "expected shape (1, 2, 32, 64)",
-           initial_state=torch.zeros(1, 2, 64, 32))  # fmt: skip
-    # varlen: one state per sequence, not per batch row
-    expect("initial_state", make(), "expected shape (2, 2, 32, 32)",
-           initial_state=torch.zeros(1, 2, 32, 32), cu_seqlens=torch.tensor([0, 4, 8]))  # fmt: skip
+_PREPARE_DEFAULTS = dict(
+    output_final_state=False, gate_lower_bound=-5.0, gate_activation="none",
+    use_qk_l2norm=False, use_beta_sigmoid=False, state_layout="kv", output_chunk_states=False,
+)  # fmt: skip
 
 
 def test_bf16_initial_state_accepted(no_launch):
@@ -228,49 +325,53 @@ def test_bf16_initial_state_accepted(no_launch):
         call(make(dtype=torch.float32), initial_state=torch.zeros(1, 2, 32, 32).bfloat16())
 
 
+def test_gqa_shapes_accepted(no_launch):
+    with pytest.raises(Launched):
+        call(make(H=1, HV=2))
+
+
 @pytest.mark.parametrize(
-    "flag", ["output_final_state", "use_qk_l2norm", "use_beta_sigmoid", "output_chunk_states"]
-)
-@pytest.mark.parametrize("value", [1, "yes", None, torch.tensor(True)])
-def test_non_bool_flags(no_launch, flag, value):
-    expect(flag, make(), "must be a bool", **{flag: value})
+    "scale", [2, 0.25, np.float32(0.25), np.float64(0.25), np.int64(2), torch.tensor(0.25),
+              torch.tensor(2), torch.tensor(0.25, dtype=torch.float64)],
+    ids=["int", "float", "np_float32", "np_float64", "np_int64", "tensor", "int_tensor",
+         "fp64_tensor"],
+)  # fmt: skip
+def test_scale_forms_accepted(no_launch, scale):
+    _, c = prepared(make(), scale=scale)
+    assert type(c.scale) is float and c.scale == float(scale)
+    with pytest.raises(Launched):
+        call(make(), scale=scale)
+
+
+@pytest.mark.parametrize("act", ["sigmoid_bound", "softplus"])
+def test_engine_gate_param_shapes_accepted(no_launch, act):
+    """vLLM-style A_log [1, 1, HV, 1] and dt_bias [HV, K] are viewed in the kernels' layout."""
+    bound = None if act == "softplus" else -5.0
+    A_log = torch.arange(2.0).reshape(1, 1, 2, 1)
+    dt_bias = torch.arange(64.0).reshape(2, 32)
+    _, c = prepared(make(), gate_activation=act, gate_lower_bound=bound, A_log=A_log,
+                    dt_bias=dt_bias)  # fmt: skip
+    assert c.A_log.shape == (2,) and c.A_log.tolist() == [0.0, 1.0]
+    assert c.dt_bias.shape == (64,) and c.dt_bias.tolist() == list(range(64))
+    _, c = prepared(make(), gate_activation=act, gate_lower_bound=bound)
+    assert c.A_log.shape == (2,) and c.dt_bias.shape == (64,)  # neutral defaults
+
+
+def test_gradient_is_refused_not_dropped(no_launch):
+    """A call autograd would record raises, instead of returning outputs whose backward silently
+    gives x no gradient through kda_prefill."""
+    args = make(dtype=torch.float32)
+    x = args["q"].clone().requires_grad_()
+    with pytest.raises(ValueError, match="^q: requires grad; kda_prefill has no backward yet"):
+        (call({**args, "q": x * 1})[0] + x).sum().backward()
+    assert x.grad is None
+    with torch.no_grad(), pytest.raises(Launched):  # validation passes: it would run
+        call({**args, "q": x * 1})
+    with torch.inference_mode(), pytest.raises(Launched):
+        call({**args, "q": x})
 
 
 # --- cu_seqlens --------------------------------------------------------------------------------
-
-CU_CASES = [
-    ("int32", dict(cu_seqlens=torch.tensor([0, 4, 8], dtype=torch.int32)), "cu_seqlens", "int64"),
-    ("float", dict(cu_seqlens=torch.tensor([0.0, 4.0, 8.0])), "cu_seqlens", "int64"),
-    ("list", dict(cu_seqlens=[0, 4, 8]), "cu_seqlens", "1-d tensor"),
-    ("2d", dict(cu_seqlens=torch.tensor([[0, 4, 8]])), "cu_seqlens", "1-d tensor"),
-    ("one_entry", dict(cu_seqlens=torch.tensor([0])), "cu_seqlens", "1-d tensor"),
-    ("start", dict(cu_seqlens=torch.tensor([1, 4, 8])), "cu_seqlens", "start at 0"),
-    ("decreasing", dict(cu_seqlens=torch.tensor([0, 6, 4, 8])), "cu_seqlens", "non-decreasing"),
-    ("past_T", dict(cu_seqlens=torch.tensor([0, 4, 9])), "cu_seqlens", "end at T=8"),
-    ("short_of_T", dict(cu_seqlens=torch.tensor([0, 4, 7])), "cu_seqlens", "end at T=8"),
-    ("cpu_alone", dict(cu_seqlens_cpu=torch.tensor([0, 4, 8])), "cu_seqlens_cpu", "without"),
-    ("cpu_int32", dict(cu_seqlens=torch.tensor([0, 4, 8]),
-                       cu_seqlens_cpu=torch.tensor([0, 4, 8], dtype=torch.int32)),
-     "cu_seqlens_cpu", "int64"),
-    ("cpu_shape", dict(cu_seqlens=torch.tensor([0, 4, 8]), cu_seqlens_cpu=torch.tensor([0, 8])),
-     "cu_seqlens_cpu", "differs"),
-    ("cpu_not_on_cpu", dict(cu_seqlens=torch.tensor([0, 4, 8]),
-                            cu_seqlens_cpu=torch.tensor([0, 4, 8], device="meta")),
-     "cu_seqlens_cpu", "must be a CPU tensor"),
-    # a host copy that disagrees is what gets validated (never a device sync)
-    ("cpu_copy_bad", dict(cu_seqlens=torch.tensor([0, 4, 8]),
-                          cu_seqlens_cpu=torch.tensor([0, 4, 9])), "cu_seqlens", "end at T=8"),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("kwargs,name,fragment", [c[1:] for c in CU_CASES],
-                         ids=[c[0] for c in CU_CASES])  # fmt: skip
-def test_bad_cu_seqlens(no_launch, kwargs, name, fragment):
-    expect(name, make(), fragment, **kwargs)
-
-
-def test_cu_seqlens_needs_batch_one(no_launch):
-    expect("cu_seqlens", make(B=2), "B == 1", cu_seqlens=torch.tensor([0, 4, 8]))
 
 
 def test_cu_seqlens_zero_length_sequences_accepted(no_launch):
@@ -278,11 +379,34 @@ def test_cu_seqlens_zero_length_sequences_accepted(no_launch):
         call(make(), cu_seqlens=torch.tensor([0, 0, 8, 8]))
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("with_cpu_copy", [False, True])
+def test_int32_and_int64_offsets(no_launch, dtype, with_cpu_copy):
+    cu = torch.tensor([0, 3, 8], dtype=dtype)
+    kw = dict(cu_seqlens=cu, cu_seqlens_cpu=cu.clone() if with_cpu_copy else None)
+    problem, c = prepared(make(), **kw)
+    assert problem.varlen and problem.num_seqs == 2
+    for t in (c.cu_seqlens, c.cu_seqlens_host):
+        assert t.dtype == torch.int64 and t.tolist() == [0, 3, 8]
+    with pytest.raises(Launched):
+        call(make(), **{k: v for k, v in kw.items() if v is not None})
+
+
+def test_kernels_read_the_validated_host_copy(no_launch):
+    """With cu_seqlens_cpu the device tensor's values are never read: out-of-range or merely
+    different device offsets cannot reach a kernel (they once read out of bounds, or silently
+    won over the validated copy)."""
+    host = torch.tensor([0, 3, 8], dtype=torch.int32)
+    for device_values in ([0, 50, 1000], [0, 5, 8], [7, 1, -4]):
+        problem, c = prepared(make(), cu_seqlens=torch.tensor(device_values),
+                              cu_seqlens_cpu=host)  # fmt: skip
+        assert c.cu_seqlens.tolist() == [0, 3, 8] and c.cu_seqlens.dtype == torch.int64
+        assert c.cu_seqlens_host.tolist() == [0, 3, 8]
+        seq_chunk, chunk_seq, _ = launch.chunk_tables(c, 4)
+        assert seq_chunk.tolist() == [0, 1, 3]  # ceil(3 / 4) = 1, ceil(5 / 4) = 2
+
+
 # --- target, algorithm, device -----------------------------------------------------------------
-
-
-def test_unknown_target(no_launch):
-    expect("target", make(), "'sm80'", target="sm80")
 
 
 def test_unknown_algorithm(no_launch):
@@ -295,6 +419,25 @@ def test_known_target_string_accepted(no_launch):
         call(make(), target="gfx950")
 
 
+def test_select_wants_a_bool_allow_opt_in():
+    for value in ("no", 0, None):
+        with pytest.raises(ValueError, match="^allow_opt_in: must be a bool"):
+            select(_default_problem(), "sm90", allow_opt_in=value)
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("qk_l2norm", "no"), ("beta_sigmoid", 1), ("initial_state", None), ("varlen", "yes"),
+     ("output_final_state", np.bool_(True)), ("output_chunk_states", 0), ("num_seqs", True),
+     ("batch", 0), ("heads_qk", True), ("dtype", "fp8")],
+)  # fmt: skip
+def test_problem_fields_are_validated(field, value):
+    """What kda_prefill builds is checked again where the dispatcher keys on it."""
+    kw = {"varlen": True} if field == "num_seqs" else {}
+    with pytest.raises(ValueError, match=f"^{field} must be"):
+        _default_problem(**kw, **{field: value})
+
+
 @pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"), reason="needs a non-interpreter run"
 )
@@ -305,15 +448,6 @@ def test_cpu_without_interpreter(monkeypatch):
     monkeypatch.setattr(launch, "run_split", boom)
     expect("q", make(), "TRITON_INTERPRET=1")
     expect("q", make(dtype=torch.float32), "TRITON_INTERPRET=1")
-
-
-def test_bf16_on_cpu_rejected(no_launch):
-    expect("q", make(dtype=torch.bfloat16), "bf16 on CPU")
-
-
-def test_unsupported_device(no_launch):
-    args = {k: v.to("meta") for k, v in make().items()}
-    expect("q", args, "device meta not supported")
 
 
 # --- the dispatcher's choice, as `kreg explain` shows it ----------------------------------------

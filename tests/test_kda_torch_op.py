@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -302,3 +303,118 @@ def test_cuda_graph_capture_and_replay(case):
         o_ref, ht_ref = api.kda_prefill(**fresh, initial_state=fresh_h0, **eager_kw)
         assert torch.equal(o_s, o_ref)
         assert torch.equal(ht_s, ht_ref)
+
+
+# --- the fake validates as kda_prefill does ------------------------------------------------------
+
+
+def _bad(x, **kw):
+    return {**x, **kw}
+
+
+FAKE_CASES = [
+    # (id, edit of fake_inputs(B=1, T=40, H=2) -> keywords, argument named)
+    ("k_shape", lambda x: _bad(x, k=x["k"][:, :, :1]), "k"),
+    ("k_dtype", lambda x: _bad(x, k=x["k"].float()), "k"),
+    ("g_shape", lambda x: _bad(x, g=x["g"][..., :16]), "g"),
+    ("beta_4d", lambda x: _bad(x, beta=x["beta"][..., None]), "beta"),
+    ("v_HV0", lambda x: _bad(x, v=x["v"][:, :, :0]), "v"),
+    ("q_H0", lambda x: _bad(x, q=x["q"][:, :, :0], k=x["k"][:, :, :0]), "q"),
+    ("v_noncontig", lambda x: _bad(x, v=x["v"].transpose(1, 2).contiguous().transpose(1, 2)),
+     "v"),
+    ("A_log", lambda x: _bad(x, gate_activation="sigmoid_bound", A_log=torch.zeros(3)), "A_log"),
+    ("dt_bias", lambda x: _bad(x, gate_activation="softplus", gate_lower_bound=None,
+                               dt_bias=torch.zeros(2, 31)), "dt_bias"),
+    ("initial_state", lambda x: _bad(x, initial_state=torch.zeros(2, 2, 32, 32)), "initial_state"),
+    ("cu_dtype", lambda x: _bad(x, cu_seqlens=torch.tensor([0, 40], dtype=torch.int16)),
+     "cu_seqlens"),
+    ("cu_cpu_shape", lambda x: _bad(x, cu_seqlens=torch.tensor([0, 40]),
+                                    cu_seqlens_cpu=torch.tensor([0, 20, 40])), "cu_seqlens_cpu"),
+    ("state_layout", lambda x: _bad(x, state_layout="KV"), "state_layout"),
+]  # fmt: skip
+
+
+def _message(fn) -> str:
+    with pytest.raises(ValueError) as e:
+        fn()
+    return str(e.value)
+
+
+@pytest.mark.parametrize("edit,name", [c[1:] for c in FAKE_CASES], ids=[c[0] for c in FAKE_CASES])
+def test_fake_fails_with_the_eager_message(edit, name):
+    """The fake runs kda_prefill's own data-free checks: tracing a bad call fails exactly as the
+    eager call does (eager here: CPU tensors, which fail validation before the device check)."""
+    kw = edit(fake_inputs(B=1, T=40, H=2))
+    eager = _message(lambda: api.kda_prefill(**kw))
+    assert eager.startswith(f"{name}: "), eager
+
+    def fake():
+        with FakeTensorMode() as mode:
+            fkw = {n: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t
+                   for n, t in kw.items()}  # fmt: skip
+            torch.ops.kreg.kda_prefill(**fkw)
+
+    assert _message(fake) == eager
+
+
+def test_torch_compile_fails_with_the_eager_message():
+    kw = fake_inputs(B=1, T=40, H=2)
+    kw["k"] = kw["k"][:, :, :1].contiguous()
+    eager = _message(lambda: api.kda_prefill(**kw))
+
+    @torch.compile(fullgraph=True, backend="eager", dynamic=False)
+    def fn(q, k, v, g, beta):
+        return kda_prefill_op(q, k, v, g, beta)[0]
+
+    with pytest.raises(Exception) as e:
+        fn(**kw)
+    assert eager in str(e.value), str(e.value)
+
+
+# --- scale and gradients through the wrapper -----------------------------------------------------
+
+_DEVICE_CHECK = "^q: CPU tensors run under the Triton interpreter"  # reached: scale was accepted
+
+
+@pytest.mark.parametrize(
+    "scale",
+    [2, 0.25, np.float32(0.25), np.float64(0.25), torch.tensor(0.25), torch.tensor(2)],
+    ids=["int", "float", "np_float32", "np_float64", "tensor", "int_tensor"],
+)
+def test_wrapper_scale_forms_as_kda_prefill(scale):
+    x = {n: torch.zeros_like(t) for n, t in fake_inputs(B=1, T=40, H=1).items()}
+    for fn in (kda_prefill_op, api.kda_prefill):
+        with pytest.raises(ValueError, match=_DEVICE_CHECK):
+            fn(**x, scale=scale)
+
+
+@pytest.mark.parametrize(
+    "scale,fragment",
+    [(True, "finite number"), (np.bool_(False), "finite number"), ("0.5", "finite number"),
+     (float("nan"), "finite number"), (np.float32("inf"), "finite number"),
+     (torch.tensor([0.5]), "0-d tensor"), (torch.tensor(0.5, device="meta"), "device sync")],
+    ids=["bool", "np_bool", "str", "nan", "np_inf", "1d_tensor", "device_tensor"],
+)  # fmt: skip
+def test_wrapper_scale_rejections_as_kda_prefill(scale, fragment):
+    x = {n: torch.zeros_like(t) for n, t in fake_inputs(B=1, T=40, H=1).items()}
+    messages = {
+        _message(lambda fn=fn: fn(**x, scale=scale)) for fn in (kda_prefill_op, api.kda_prefill)
+    }
+    assert len(messages) == 1, messages
+    (text,) = messages
+    assert text.startswith("scale: ") and fragment in text, text
+
+
+@pytest.mark.parametrize("name", ["q", "v", "beta", "initial_state", "A_log"])
+def test_wrapper_refuses_inputs_that_require_grad(name):
+    """Inside the op grad mode is off, so the wrapper checks (with kda_prefill's function)."""
+    x = {n: torch.zeros_like(t, dtype=FP32) for n, t in fake_inputs(B=1, T=40, H=1).items()}
+    kw = dict(initial_state=torch.zeros(1, 1, 32, 32), gate_activation="sigmoid_bound",
+              A_log=torch.zeros(1))  # fmt: skip
+    kw = {**x, **kw}
+    leaf = kw[name].clone().requires_grad_()
+    kw[name] = leaf * 1
+    with pytest.raises(ValueError, match=f"^{name}: requires grad; kda_prefill has no backward"):
+        (kda_prefill_op(**kw)[0].sum() + leaf.sum()).backward()
+    with torch.no_grad(), pytest.raises(ValueError, match=_DEVICE_CHECK):
+        kda_prefill_op(**kw)

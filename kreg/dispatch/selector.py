@@ -77,6 +77,8 @@ def select(
     one) serves, ValueError for an unknown algorithm, target or family.
     """
     global _cache_registry
+    if not isinstance(allow_opt_in, bool):  # before the cache, where "no" would be a key
+        raise ValueError(f"allow_opt_in: must be a bool, got {allow_opt_in!r}")
     registry = get_registry()
     if registry is not _cache_registry:
         _cache.clear()

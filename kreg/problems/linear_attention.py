@@ -22,6 +22,11 @@ def _positive(instance, attribute, value):
         raise ValueError(f"{attribute.name} must be a positive int, got {value!r}")
 
 
+def _bool(instance, attribute, value):
+    if not isinstance(value, bool):
+        raise ValueError(f"{attribute.name} must be a bool, got {value!r}")
+
+
 def _one_of(choices):
     def check(instance, attribute, value):
         if value not in choices:
@@ -64,14 +69,14 @@ class LinearAttentionProblem:
     # None (the default): any gate g <= 0, -inf resets included.
     gate_lower_bound: float | None = attrs.field(default=None, validator=_bound)
     gate_activation: str = attrs.field(default="none", validator=_one_of(GATE_ACTIVATIONS))
-    qk_l2norm: bool = False
-    beta_sigmoid: bool = False
-    initial_state: bool = False
+    qk_l2norm: bool = attrs.field(default=False, validator=_bool)
+    beta_sigmoid: bool = attrs.field(default=False, validator=_bool)
+    initial_state: bool = attrs.field(default=False, validator=_bool)
     state_dtype: str = attrs.field(default="fp32", validator=_one_of(STATE_DTYPES))
-    output_final_state: bool = False
+    output_final_state: bool = attrs.field(default=False, validator=_bool)
     state_layout: str = attrs.field(default="kv", validator=_one_of(STATE_LAYOUTS))
-    output_chunk_states: bool = False
-    varlen: bool = False
+    output_chunk_states: bool = attrs.field(default=False, validator=_bool)
+    varlen: bool = attrs.field(default=False, validator=_bool)
     num_seqs: int | None = None  # defaults to batch; the sequence count with varlen
 
     def __attrs_post_init__(self):
@@ -83,7 +88,8 @@ class LinearAttentionProblem:
             raise ValueError(f"batch must be 1 with varlen (packed sequences), got {self.batch}")
         if self.num_seqs is None:
             object.__setattr__(self, "num_seqs", self.batch)
-        elif not isinstance(self.num_seqs, int) or self.num_seqs < 1:
+        elif (not isinstance(self.num_seqs, int) or isinstance(self.num_seqs, bool)
+              or self.num_seqs < 1):  # fmt: skip
             raise ValueError(f"num_seqs must be a positive int, got {self.num_seqs!r}")
         elif not self.varlen and self.num_seqs != self.batch:
             raise ValueError(f"num_seqs ({self.num_seqs}) must equal batch without varlen")

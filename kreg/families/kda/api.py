@@ -1,6 +1,8 @@
 """``kda_prefill``: the public entry point of the KDA family.
 
-Every argument is checked before any kernel launch; a bad one raises ``ValueError`` naming it.
+Every argument is checked before any kernel launch; a bad one raises ``ValueError`` whose message
+starts with its name. A tensor that requires grad (with grad enabled) is refused: there is no
+backward yet, and a silently dropped gradient is worse than an error.
 CUDA tensors run the compiled kernels; CPU tensors run the same kernels under the Triton
 interpreter (``TRITON_INTERPRET=1`` must be set before kreg is imported).
 """
@@ -8,7 +10,9 @@ interpreter (``TRITON_INTERPRET=1`` must be set before kreg is imported).
 from __future__ import annotations
 
 import math
+import numbers
 
+import numpy as np
 import torch
 
 from kreg.dispatch import select
@@ -66,9 +70,11 @@ def kda_prefill(
     ``gate_activation``: "none" (g is the log-decay), "sigmoid_bound"
     (``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``) or "softplus"
     (``-exp(A_log) * softplus(g + dt_bias)``), computed inside the prep kernel.
-    ``cu_seqlens``: int64 ``[N + 1]`` sequence offsets of a packed batch (B == 1). Pass a CPU
-    tensor (or ``cu_seqlens_cpu`` beside a device one) and the call never synchronises with the
-    device; a device tensor alone is validated with one device-to-host copy.
+    ``cu_seqlens``: int64 or int32 ``[N + 1]`` sequence offsets of a packed batch (B == 1). They
+    are validated on a host copy, and the kernels read a device copy of that validated copy. Pass
+    a CPU tensor (or ``cu_seqlens_cpu`` beside a device one, whose values are then not read) and
+    the call never synchronises with the device; a device tensor alone is validated with one
+    device-to-host copy. (Under CUDA graph capture the device tensor is read: ``torch_op``.)
     ``output_chunk_states``: also return the state at the start of every chunk,
     ``[total chunks, HV, K, V]`` fp32, chunks in sequence order (for prefix caching).
     """
@@ -137,6 +143,25 @@ def _fail(name: str, message: str):
     raise ValueError(f"{name}: {message}")
 
 
+_Q_DIMS = ("B", "T", "H", "K")
+_V_DIMS = ("B", "T", "HV", "V")
+# every tensor input whose gradient kda_prefill would drop
+_GRAD_ARGS = ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias")
+_OFFSET_DTYPES = (torch.int64, torch.int32)
+
+
+def _check_4d(name, x, dims):
+    layout = f"[{', '.join(dims)}]"
+    if not isinstance(x, torch.Tensor):
+        _fail(name, f"expected a 4-d torch.Tensor {layout}, got {type(x).__name__}")
+    if x.dim() != 4:
+        _fail(name, f"expected a 4-d torch.Tensor {layout}, got shape {tuple(x.shape)}")
+    for dim, size in zip(dims, x.shape, strict=True):
+        if size == 0:
+            _fail(name, f"dimension {dim} of {layout} is 0 (shape {tuple(x.shape)}): every "
+                        "dimension must be positive")  # fmt: skip
+
+
 def _check_tensor(name, x, shape, dtypes, device):
     if not isinstance(x, torch.Tensor):
         _fail(name, f"expected a torch.Tensor, got {type(x).__name__}")
@@ -150,30 +175,69 @@ def _check_tensor(name, x, shape, dtypes, device):
         _fail(name, "must be contiguous (call .contiguous())")
 
 
-def _prepare(
+def _check_no_grad(named) -> None:
+    """There is no backward: a call autograd would record must not drop gradients silently."""
+    if not torch.is_grad_enabled():
+        return
+    for name, x in named:
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            _fail(name, "requires grad; kda_prefill has no backward yet: call under "
+                        "torch.no_grad() or detach")  # fmt: skip
+
+
+def _real(name: str, x) -> float:
+    """A finite float from a Python or numpy real, or a 0-d CPU tensor (reading a device tensor
+    would synchronise with the device). Bools, strings and non-finite values are rejected."""
+    if isinstance(x, torch.Tensor):
+        if x.dim() != 0:
+            _fail(name, f"must be a finite number or a 0-d tensor, got shape {tuple(x.shape)}")
+        if x.device.type != "cpu":
+            _fail(name, f"a 0-d tensor on {x.device} would need a device sync to read; pass a "
+                        "Python float or a CPU tensor")  # fmt: skip
+        if x.dtype == torch.bool or x.is_complex():
+            _fail(name, f"must be a finite number, got a {x.dtype} tensor")
+        _check_no_grad([(name, x)])
+        x = x.item()
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
+        _fail(name, f"must be a finite number, got {x!r}")
+    x = float(x)
+    if not math.isfinite(x):
+        _fail(name, f"must be a finite number, got {x!r}")
+    return x
+
+
+class Checked:
+    """What ``_validate`` derives: the scale, the gate parameters in the kernels' layout (or None)
+    and the fields of the ``LinearAttentionProblem`` (sizes may be symbolic while tracing)."""
+
+    __slots__ = ("scale", "A_log", "dt_bias", "fields")
+
+    _SIZES = ("batch", "seq_len", "heads_qk", "heads_v", "head_dim_k", "head_dim_v", "num_seqs")
+
+    def __init__(self, scale, A_log, dt_bias, fields):
+        self.scale, self.A_log, self.dt_bias, self.fields = scale, A_log, dt_bias, fields
+
+    def problem(self) -> LinearAttentionProblem:
+        # int(): selection needs concrete sizes; under dynamic shapes this specialises them
+        return LinearAttentionProblem(
+            **{k: int(v) if k in self._SIZES else v for k, v in self.fields.items()}
+        )
+
+
+def _validate(
     q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound, cu_seqlens,
     cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm, use_beta_sigmoid,
     state_layout, output_chunk_states,
-):  # fmt: skip
-    if not isinstance(q, torch.Tensor) or q.dim() != 4:
-        _fail("q", "expected a 4-d torch.Tensor [B, T, H, K]")
+) -> Checked:  # fmt: skip
+    """Every check that reads no tensor's values: types, shapes, dtypes, devices, contiguity,
+    scalars, flags, and gradients. The one place of each check, shared by ``_prepare`` and the
+    custom op's fake implementation, so eager and traced calls fail with the same message."""
+    _check_4d("q", q, _Q_DIMS)
     if q.dtype not in _DTYPES:
         _fail("q", f"dtype {q.dtype} not supported (bf16, fp16, fp32)")
-    device = q.device
-    if device.type == "cpu":
-        if not interpreting():
-            _fail("q", "CPU tensors run under the Triton interpreter: set TRITON_INTERPRET=1 "
-                       "before importing kreg, or pass CUDA tensors")  # fmt: skip
-        if q.dtype == torch.bfloat16:
-            _fail("q", "bf16 on CPU: the Triton interpreter computes bf16 dot products wrongly; "
-                       "use fp16 or fp32 on CPU")  # fmt: skip
-    elif device.type != "cuda":
-        _fail("q", f"device {device} not supported (cuda, or cpu under the interpreter)")
     B, T, H, K = q.shape
-    if T == 0:
-        _fail("q", "sequence length T must be positive")
-    if not isinstance(v, torch.Tensor) or v.dim() != 4:
-        _fail("v", "expected a 4-d torch.Tensor [B, T, HV, V]")
+    device = q.device
+    _check_4d("v", v, _V_DIMS)
     HV, V = v.shape[2], v.shape[3]
     if HV % H:
         _fail("v", f"value heads HV={HV} must be a multiple of qk heads H={H}")
@@ -187,10 +251,7 @@ def _prepare(
     _check_tensor("g", g, (B, T, HV, K), (q.dtype, torch.float32), device)
     _check_tensor("beta", beta, (B, T, HV), (q.dtype, torch.float32), device)
 
-    if scale is None:
-        scale = K**-0.5
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        _fail("scale", f"must be a finite number, got {scale!r}")
+    scale = K**-0.5 if scale is None else _real("scale", scale)
     if gate_activation not in ("none", "sigmoid_bound", "softplus"):
         _fail("gate_activation", f"must be 'none', 'sigmoid_bound' or 'softplus', got "
                                  f"{gate_activation!r}")  # fmt: skip
@@ -207,10 +268,17 @@ def _prepare(
     if gate_activation == "none" and (A_log is not None or dt_bias is not None):
         _fail("A_log" if A_log is not None else "dt_bias",
               "only used with gate_activation 'sigmoid_bound' or 'softplus'")  # fmt: skip
-    if gate_activation != "none":
-        # an absent A_log means a factor exp(0) = 1, an absent dt_bias a zero bias
-        A_log = _gate_param("A_log", A_log, (HV,), device)
-        dt_bias = _gate_param("dt_bias", dt_bias, (HV * K,), device)
+    # the engines' layouts: A_log [1, 1, HV, 1] (any shape of HV elements), dt_bias [HV, K]
+    A_log_view = _gate_param(
+        "A_log",
+        A_log,
+        (HV,),
+        lambda s: math.prod(s) == HV and all(d in (1, HV) for d in s),
+        " or any shape of HV elements, such as (1, 1, HV, 1)",
+        device,
+    )
+    dt_bias_view = _gate_param("dt_bias", dt_bias, (HV * K,), lambda s: s == (HV, K),
+                               f" or (HV, K) = {(HV, K)}", device)  # fmt: skip
     for name, flag in (("output_final_state", output_final_state),
                        ("use_qk_l2norm", use_qk_l2norm), ("use_beta_sigmoid", use_beta_sigmoid),
                        ("output_chunk_states", output_chunk_states)):  # fmt: skip
@@ -219,25 +287,65 @@ def _prepare(
     if state_layout not in ("kv", "vk"):
         _fail("state_layout", f"must be 'kv' or 'vk', got {state_layout!r}")
 
-    cu_host, cu_dev = _check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, T, device)
-    n_seqs = B if cu_dev is None else cu_dev.numel() - 1
+    n_seqs = _check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, device)
+    varlen = n_seqs is not None
+    n_seqs = n_seqs if varlen else B
     state_shape = (n_seqs, HV, K, V) if state_layout == "kv" else (n_seqs, HV, V, K)
     state_dtype = "fp32"
     if initial_state is not None:
         _check_tensor("initial_state", initial_state, state_shape, tuple(_STATE_DTYPES), device)
         state_dtype = _STATE_DTYPES[initial_state.dtype]
+    _check_no_grad(zip(_GRAD_ARGS, (q, k, v, g, beta, initial_state, A_log, dt_bias), strict=True))
 
-    problem = LinearAttentionProblem(
+    fields = dict(
         batch=B, seq_len=T, heads_qk=H, heads_v=HV, head_dim_k=K, head_dim_v=V,
         dtype=_DTYPES[q.dtype], gate_lower_bound=gate_lower_bound,
         gate_activation=gate_activation, qk_l2norm=use_qk_l2norm,
         beta_sigmoid=use_beta_sigmoid, initial_state=initial_state is not None,
         state_dtype=state_dtype, output_final_state=output_final_state,
         state_layout=state_layout, output_chunk_states=output_chunk_states,
-        varlen=cu_dev is not None, num_seqs=n_seqs,
+        varlen=varlen, num_seqs=n_seqs,
     )  # fmt: skip
+    return Checked(float(scale), A_log_view, dt_bias_view, fields)
+
+
+def _check_device(q) -> None:
+    """The device kinds that run kernels (read at run time, not while tracing)."""
+    device = q.device
+    if device.type == "cpu":
+        if not interpreting():
+            _fail("q", "CPU tensors run under the Triton interpreter: set TRITON_INTERPRET=1 "
+                       "before importing kreg, or pass CUDA tensors")  # fmt: skip
+        if q.dtype == torch.bfloat16:
+            _fail("q", "bf16 on CPU: the Triton interpreter computes bf16 dot products wrongly; "
+                       "use fp16 or fp32 on CPU")  # fmt: skip
+    elif device.type != "cuda":
+        _fail("q", f"device {device} not supported (cuda, or cpu under the interpreter)")
+
+
+def _prepare(
+    q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound, cu_seqlens,
+    cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm, use_beta_sigmoid,
+    state_layout, output_chunk_states,
+):  # fmt: skip
+    checked = _validate(
+        q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound,
+        cu_seqlens, cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm,
+        use_beta_sigmoid, state_layout, output_chunk_states,
+    )  # fmt: skip
+    _check_device(q)
+    problem = checked.problem()
+    cu_host, cu_dev = _offsets(cu_seqlens, cu_seqlens_cpu, problem.seq_len, q.device)
+    A_log, dt_bias = checked.A_log, checked.dt_bias
+    if gate_activation != "none":
+        # an absent A_log means a factor exp(0) = 1, an absent dt_bias a zero bias
+        HV, K = problem.heads_v, problem.head_dim_k
+        if A_log is None:
+            A_log = torch.zeros(HV, dtype=torch.float32, device=q.device)
+        if dt_bias is None:
+            dt_bias = torch.zeros(HV * K, dtype=torch.float32, device=q.device)
     call = launch.Call(
-        q=q, k=k, v=v, g=g, beta=beta, scale=float(scale), A_log=A_log, dt_bias=dt_bias,
+        q=q, k=k, v=v, g=g, beta=beta, scale=checked.scale, A_log=A_log, dt_bias=dt_bias,
         lower_bound=float(gate_lower_bound or 0.0), gate_activation=gate_activation,
         qk_l2norm=use_qk_l2norm, beta_sigmoid=use_beta_sigmoid, initial_state=initial_state,
         output_final_state=output_final_state, output_chunk_states=output_chunk_states,
@@ -246,40 +354,70 @@ def _prepare(
     return problem, call
 
 
-def _gate_param(name, x, shape, device):
+def _gate_param(name, x, shape, also, also_text, device):
+    """``x`` (fp32, on q's device) viewed as ``shape``, the layout the kernels read; ``also(s)``
+    accepts the other shapes holding the same elements in the same order. None stays None (the
+    caller supplies the neutral default)."""
     if x is None:
-        return torch.zeros(shape, dtype=torch.float32, device=device)
-    _check_tensor(name, x, shape, (torch.float32,), device)
-    return x
+        return None
+    if not isinstance(x, torch.Tensor):
+        _fail(name, f"expected a torch.Tensor or None, got {type(x).__name__}")
+    got = tuple(x.shape)
+    if got != shape and not also(got):
+        _fail(name, f"expected shape {shape}{also_text}, got {got}")
+    _check_tensor(name, x, got, (torch.float32,), device)
+    return x.view(shape)
 
 
-def _check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, T, device):
-    """Validate offsets on a host copy; return (host copy, device tensor) or (None, None)."""
+def _check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, device):
+    """The offsets' types, dtypes, devices and shapes (no values); the sequence count N, or None
+    without ``cu_seqlens``."""
     if cu_seqlens is None:
         if cu_seqlens_cpu is not None:
             _fail("cu_seqlens_cpu", "given without cu_seqlens")
-        return None, None
+        return None
     for name, x in (("cu_seqlens", cu_seqlens), ("cu_seqlens_cpu", cu_seqlens_cpu)):
         if x is None:
             continue
         if not isinstance(x, torch.Tensor) or x.dim() != 1 or x.numel() < 2:
             _fail(name, "expected a 1-d tensor [N + 1] with N >= 1")
-        if x.dtype != torch.int64:
-            _fail(name, f"dtype must be torch.int64, got {x.dtype}")
+        if x.dtype not in _OFFSET_DTYPES:
+            _fail(name, f"dtype must be torch.int64 or torch.int32, got {x.dtype}")
     if cu_seqlens_cpu is not None and cu_seqlens_cpu.device.type != "cpu":
         _fail("cu_seqlens_cpu", f"must be a CPU tensor, is on {cu_seqlens_cpu.device}")
     if B != 1:
         _fail("cu_seqlens", f"packed sequences need batch size B == 1, got B={B}")
     if cu_seqlens.device not in (device, torch.device("cpu")):
         _fail("cu_seqlens", f"on {cu_seqlens.device}, expected {device} or cpu")
-    host = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens.cpu()
-    if host.shape != cu_seqlens.shape:
-        _fail("cu_seqlens_cpu", f"shape {tuple(host.shape)} differs from cu_seqlens")
+    if cu_seqlens_cpu is not None and cu_seqlens_cpu.shape != cu_seqlens.shape:
+        _fail("cu_seqlens_cpu", f"shape {tuple(cu_seqlens_cpu.shape)} differs from cu_seqlens "
+                                f"{tuple(cu_seqlens.shape)}")  # fmt: skip
+    return cu_seqlens.shape[0] - 1
+
+
+def _offsets(cu_seqlens, cu_seqlens_cpu, T, device):
+    """Validate the offsets' values on a host copy; return (host int64, device int64) or
+    (None, None). The kernels read the device tensor returned here, a copy of the validated host
+    offsets, so they never read unvalidated offsets: with ``cu_seqlens_cpu`` the values of
+    ``cu_seqlens`` are not read (no sync); without it a device ``cu_seqlens`` is read once to the
+    host (a sync). Exception: during CUDA graph capture the captured device ``cu_seqlens`` is what
+    replays read, so it is used, clamped on the device into ``[0, T]`` and made non-decreasing
+    (no offset a replay copies in can make a kernel read out of bounds)."""
+    if cu_seqlens is None:
+        return None, None
+    given = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens.cpu()
+    host = given.to(torch.int64)  # int32 (vLLM) or int64; a no-op for an int64 CPU tensor
     if int(host[0]) != 0:
         _fail("cu_seqlens", f"must start at 0, starts at {int(host[0])}")
     if bool((host[1:] < host[:-1]).any()):
         _fail("cu_seqlens", "must be non-decreasing")
     if int(host[-1]) != T:
         _fail("cu_seqlens", f"must end at T={T} (the packed length), ends at {int(host[-1])}")
-    dev = cu_seqlens.to(device, non_blocking=True) if cu_seqlens.device != device else cu_seqlens
-    return host, dev
+    if device.type == "cpu":
+        return host, host
+    if cu_seqlens.device == device and torch.cuda.is_current_stream_capturing():
+        dev = cu_seqlens.to(torch.int64).clamp(0, T)
+        return host, torch.cummax(dev, 0).values
+    if host is cu_seqlens_cpu and host.is_pinned():
+        host = host.clone()  # the asynchronous copy must read what was validated, not a later edit
+    return host, host.to(device, non_blocking=True)

@@ -32,8 +32,11 @@ class Call:
     output_final_state: bool
     output_chunk_states: bool
     state_layout: str
-    cu_seqlens: torch.Tensor | None  # int64 [N + 1] on the device, or None
-    cu_seqlens_host: torch.Tensor | None = None  # its validated CPU copy
+    # int64 [N + 1] on the device, or None: a device copy of the validated host offsets (under
+    # CUDA graph capture the captured input, clamped into range); the kernels and chunk_tables
+    # read only this, never the caller's unvalidated tensor
+    cu_seqlens: torch.Tensor | None
+    cu_seqlens_host: torch.Tensor | None = None  # the validated CPU offsets, int64
 
 
 def chunk_tables(call: Call, chunk: int):

@@ -23,9 +23,14 @@ Python constants, so this stays inside a ``fullgraph`` trace) and returns exactl
 Schema types (custom ops cannot take keyword-only tensors, so every argument of the raw op is
 positional-or-keyword, in ``kda_prefill``'s order): optional tensors are ``Tensor?``; ``scale``
 and ``gate_lower_bound`` are ``float?``; ``target`` is ``str?`` (a registered target name; the wrapper also takes a ``Target`` and passes
-its name). Every value check happens in the real implementation, which calls ``kda_prefill``
-(a bad argument raises ``ValueError`` naming it); the wrapper additionally rejects, by name,
-arguments the schema cannot carry (a non-tensor where a tensor goes, a non-number scale, ...).
+its name). Every check that reads no tensor's values (types, shapes, dtypes, devices, flags)
+runs in both the fake and the real implementation, through the one function ``kda_prefill`` uses
+(``api._validate``), so a ``torch.compile`` trace fails with the eager message; value checks (the
+offsets) happen in the real implementation, which calls ``kda_prefill`` (a bad argument raises
+``ValueError`` naming it). The wrapper additionally rejects, by name, arguments the schema cannot
+carry (a non-tensor where a tensor goes, a non-number scale, ...), converts ``scale`` as
+``kda_prefill`` does (a Python or numpy real, or a 0-d CPU tensor), and refuses inputs that
+require grad while grad is enabled (there is no backward; inside the op grad mode is off).
 
 Not supported by the op: ``output_chunk_states=True`` together with ``cu_seqlens``. The number of
 chunks of a packed batch depends on the offsets' *values*, which a fake (meta) implementation may
@@ -48,10 +53,14 @@ through this op) when:
    tensors (``q``, ``k``, ``v``, ``g``, ``beta``, ``initial_state``, ``A_log``, ``dt_bias``, and the
    device ``cu_seqlens``).
 3. **Varlen: pass ``cu_seqlens`` as a device tensor *and* ``cu_seqlens_cpu``** (its CPU copy).
-   Validation then reads only the CPU copy (no device-to-host sync), the device tensor is used
-   as is, and the chunk tables (per-sequence chunk offsets, chunk -> sequence map) are built on
-   the device by torch ops with an upper-bound chunk count ``ceil(T / chunk) + N`` (surplus
-   programs exit), so new offsets copied into the captured ``cu_seqlens`` take effect on replay.
+   Validation then reads only the CPU copy (no device-to-host sync). Outside capture the kernels
+   read a device copy of the validated CPU copy (the device tensor's values are not read); during
+   capture they read the captured device tensor, clamped on the device into ``[0, T]`` and made
+   non-decreasing, so offsets copied in before a replay cannot make a kernel read its inputs out
+   of bounds (offsets that break the rules give wrong outputs, not a fault). The chunk tables
+   (per-sequence chunk offsets, chunk -> sequence map) are built on the device by torch ops
+   with an upper-bound chunk count ``ceil(T / chunk) + N`` (surplus programs exit), so new
+   offsets copied into the captured ``cu_seqlens`` take effect on replay.
    Do *not* pass only a CPU ``cu_seqlens`` when capturing: the call then copies it host-to-device
    inside the graph (a pageable host copy, which capture rejects or, if pinned, re-reads a freed
    temporary on replay). A device ``cu_seqlens`` alone is validated with a device-to-host copy,
@@ -118,7 +127,9 @@ def _problem_from_shapes(
     use_qk_l2norm, use_beta_sigmoid, state_layout, output_chunk_states,
 ):  # fmt: skip
     """The ``LinearAttentionProblem`` ``api._prepare`` builds for these arguments, from shapes
-    and flags alone (what the dispatcher selects on). Kept equal to ``_prepare``'s by a test."""
+    and flags alone (what the dispatcher selects on). Kept equal to ``_prepare``'s by a test.
+    The fake implementation itself uses ``api._validate(...).problem()``; this shortcut (no k, g,
+    beta needed) serves tests and benchmarks that only want the selection."""
     from kreg.problems import LinearAttentionProblem
 
     if q.dtype not in api._DTYPES:
@@ -196,8 +207,15 @@ def _kda_prefill_fake(
     gate_activation="none", use_qk_l2norm=False, use_beta_sigmoid=False, state_layout="kv",
     output_chunk_states=False, algorithm="auto", allow_opt_in=False, target=None,
 ):  # fmt: skip
-    """Shapes and dtypes only: reads no tensor values and never synchronises."""
+    """Shapes and dtypes only: reads no tensor values and never synchronises. Runs the same
+    data-free validation as ``kda_prefill`` (``api._validate``), so a traced call fails with the
+    message an eager one gives."""
     _reject_varlen_chunk_states(cu_seqlens, output_chunk_states)
+    checked = api._validate(
+        q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound,
+        cu_seqlens, cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm,
+        use_beta_sigmoid, state_layout, output_chunk_states,
+    )  # fmt: skip
     tail = _state_tail(q, v, state_layout)
     B, T = q.shape[0], q.shape[1]
     o = torch.empty_like(v)
@@ -207,11 +225,7 @@ def _kda_prefill_fake(
     else:
         ht = _absent(v, tail)
     if output_chunk_states:  # fixed length only (varlen was rejected above)
-        problem = _problem_from_shapes(
-            q, v, initial_state, output_final_state, gate_lower_bound, cu_seqlens,
-            gate_activation, use_qk_l2norm, use_beta_sigmoid, state_layout, output_chunk_states,
-        )  # fmt: skip
-        chunk = _chunk_size(problem, q, target, algorithm, allow_opt_in)
+        chunk = _chunk_size(checked.problem(), q, target, algorithm, allow_opt_in)
         hs = v.new_empty((B * -(-T // chunk), *tail), dtype=torch.float32)
     else:
         hs = _absent(v, tail)
@@ -251,7 +265,8 @@ def kda_prefill_op(q, k, v, g, beta, **options):
     for name in _STRINGS:
         if not isinstance(a[name], str):
             _fail(name, f"must be a str, got {a[name]!r}")
-    a["scale"] = _number("scale", a["scale"])
+    # a Python or numpy real or a 0-d CPU tensor, as kda_prefill takes it: the schema's float?
+    a["scale"] = None if a["scale"] is None else api._real("scale", a["scale"])
     a["gate_lower_bound"] = _number("gate_lower_bound", a["gate_lower_bound"])
     target = a["target"]
     if target is not None and not isinstance(target, str):
@@ -260,6 +275,8 @@ def kda_prefill_op(q, k, v, g, beta, **options):
             _fail("target", f"expected a target name, a Target or None, got {target!r}")
         a["target"] = name
     _reject_varlen_chunk_states(a["cu_seqlens"], a["output_chunk_states"])
+    # here, not in the op: the dispatcher runs the implementations with grad mode off
+    api._check_no_grad((name, a[name]) for name in api._GRAD_ARGS)
     o, ht, hs = torch.ops.kreg.kda_prefill(**a)
     final = ht if a["output_final_state"] else None
     return (o, final, hs) if a["output_chunk_states"] else (o, final)
@@ -270,7 +287,8 @@ kda_prefill_op.__signature__ = _PREFILL_SIGNATURE
 
 
 def _number(name: str, x):
-    """A float for the schema's ``float?``; bools and non-numbers are rejected by name."""
+    """A float for the schema's ``float?`` (gate_lower_bound); bools and non-numbers are rejected
+    by name."""
     if x is None:
         return None
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
