@@ -92,7 +92,8 @@ def jit_specialisation(
         if name in values:
             args[name] = values[name]
         elif declared.startswith("*"):
-            args[name] = MockTensor(tl.dtype(declared[1:]))  # data_ptr() 0: 16-byte aligned
+            # data_ptr() 0: 16-byte aligned
+            args[name] = MockTensor(tl.str_to_ty(declared, None).element_ty)
         else:
             raise ValueError(
                 f"{fn.__name__}: no runtime value for {name!r} ({declared}); the JIT specialises "
