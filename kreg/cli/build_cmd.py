@@ -151,7 +151,19 @@ def compile_all(builders: dict, spec, target, problem=None) -> dict:
     )
     for name, build in bar:
         bar.set_postfix_str(name)
-        artifact = build(spec, target) if problem is None else build(spec, target, problem)
+        with_problem = problem is not None and _takes_problem(build)
+        artifact = build(spec, target, problem) if with_problem else build(spec, target)
         if artifact is not None:
             out[name] = artifact
     return out
+
+
+def _takes_problem(build) -> bool:
+    """Whether a builder takes the optional third argument, the problem."""
+    import inspect
+
+    try:
+        inspect.signature(build).bind(None, None, None)
+    except (TypeError, ValueError):
+        return False
+    return True
