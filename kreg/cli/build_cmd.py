@@ -4,7 +4,9 @@ and print each kernel's resource use, or one IR stage.
 CANDIDATE is a candidate name, or a family name for the candidate the dispatcher selects for
 the family's default problem. Without ``--spec`` the spec is the one the dispatcher selects for
 the default problem (``problem_type.from_options({})``), else the first valid enumerated spec;
-``--spec field=value`` overrides fields of it (``tile.chunk=32`` for nested specs).
+``--spec field=value`` overrides fields of it (``tile.chunk=32`` for nested specs). The kernels
+are the ones a launch for that default problem runs (Triton specialises them on its integer
+arguments); without a problem, the family's representative ones (what the goldens hold).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     target = get_target(args.target)
-    candidate, spec, how = resolve(args.candidate, target)
+    candidate, spec, how, problem = resolve(args.candidate, target)
     if args.spec:
         spec = override_spec(spec, parse_assignments(args.spec, "spec override"))
         how = "with overrides " + " ".join(args.spec)
@@ -52,7 +54,7 @@ def run(args) -> int:
             )
         builders = {args.kernel: builders[args.kernel]}
     try:
-        artifacts = compile_all(builders, spec, target)
+        artifacts = compile_all(builders, spec, target, problem)
     except Exception as e:
         if not args.spec:
             raise  # the dispatcher's own spec failing to compile is a bug, not a user error
@@ -98,7 +100,8 @@ def run(args) -> int:
 
 
 def resolve(name: str, target):
-    """(candidate, spec, how the spec was chosen) for a candidate or family name."""
+    """(candidate, spec, how the spec was chosen, the problem it was selected for or None) for a
+    candidate or family name."""
     from kreg.dispatch import NoCandidateError, select
 
     reg = registry()
@@ -107,7 +110,7 @@ def resolve(name: str, target):
         if problem is None:
             raise CliError(f"family {name!r} has no default problem: name a candidate")
         sel = select(problem, target, family=name)  # NoCandidateError: a user error
-        return sel.candidate, sel.spec, f"selected for {problem!r}: {sel.decided_by}"
+        return sel.candidate, sel.spec, f"selected for {problem!r}: {sel.decided_by}", problem
     if name not in reg.candidates:
         known = ", ".join([*reg.families, *reg.candidates])
         raise CliError(f"unknown candidate or family {name!r}; known: {known}")
@@ -122,12 +125,12 @@ def resolve(name: str, target):
             sel = select(
                 problem, target, algorithm=name, allow_opt_in=True, family=candidate.family
             )
-            return candidate, sel.spec, f"selected for {problem!r}: {sel.decided_by}"
+            return candidate, sel.spec, f"selected for {problem!r}: {sel.decided_by}", problem
         except NoCandidateError:
             pass
     for spec in candidate.enumerate_specs(target):
         if candidate.is_valid(spec, target).ok:
-            return candidate, spec, "first valid enumerated spec"
+            return candidate, spec, "first valid enumerated spec", None
     raise CliError(f"{name} has no valid spec on {target.name}")
 
 
@@ -141,9 +144,11 @@ def _default_problem(family):
         return None
 
 
-def compile_all(builders: dict, spec, target) -> dict:
+def compile_all(builders: dict, spec, target, problem=None) -> dict:
     """Compile each builder, with a progress bar on stderr when it is a terminal. A builder
-    returns None for a kernel the spec does not use; those are left out."""
+    returns None for a kernel the spec does not use; those are left out. With a ``problem`` the
+    builders compile the kernel a launch for it runs (its integer arguments specialised as the
+    JIT specialises them), else their representative one."""
     from tqdm import tqdm
 
     out = {}
@@ -157,7 +162,19 @@ def compile_all(builders: dict, spec, target) -> dict:
     )
     for name, build in bar:
         bar.set_postfix_str(name)
-        artifact = build(spec, target)
+        with_problem = problem is not None and _takes_problem(build)
+        artifact = build(spec, target, problem) if with_problem else build(spec, target)
         if artifact is not None:
             out[name] = artifact
     return out
+
+
+def _takes_problem(build) -> bool:
+    """Whether a builder takes the optional third argument, the problem."""
+    import inspect
+
+    try:
+        inspect.signature(build).bind(None, None, None)
+    except (TypeError, ValueError):
+        return False
+    return True

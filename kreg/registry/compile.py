@@ -23,24 +23,26 @@ def compile_kernel(
     *,
     num_warps: int = 4,
     num_stages: int = 2,
+    values: Mapping[str, Any] | None = None,
 ) -> Artifact:
-    """Compile ``fn`` for ``target`` with Triton's AOT path (no device needed).
+    """Compile ``fn`` for ``target`` with Triton's AOT path (no device needed), specialised as
+    Triton's JIT specialises it at launch, so the artifact is the kernel that runs.
 
     ``signature`` maps each runtime argument to a Triton type ("*bf16", "i32", "fp32", ...);
-    ``constexprs`` maps each constexpr argument to its value.
+    ``constexprs`` maps each constexpr argument to its value. ``values`` gives the runtime value a
+    launch passes for every non-pointer argument (ints: the JIT specialises them on divisibility
+    by 16 and folds a 1 into a constant) and ``None`` for a pointer the launch passes as None
+    (folded to a constant None); any other pointer is taken as a 16-byte aligned tensor, as every
+    buffer kreg allocates or requires contiguous is.
     """
     import triton
     from triton.compiler import ASTSource
 
-    sig = dict(signature)
-    for name in constexprs:
-        sig[name] = "constexpr"
-    src = ASTSource(
-        fn=fn,
-        signature=sig,
-        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
-    )
-    options = {"num_warps": num_warps, "num_stages": num_stages}
+    spec_sig, spec_constexprs, attrs, options = jit_specialisation(
+        fn, signature, constexprs, target, values or {}, num_warps=num_warps,
+        num_stages=num_stages,
+    )  # fmt: skip
+    src = ASTSource(fn=fn, signature=spec_sig, constexprs=spec_constexprs, attrs=attrs)
     compiled = triton.compile(src, target=target.gpu_target(), options=options)
     stages = {k: v for k, v in compiled.asm.items() if k in IR_STAGES and isinstance(v, str)}
     binary = compiled.asm.get("cubin") or compiled.asm.get("hsaco")
@@ -55,6 +57,64 @@ def compile_kernel(
         binary=binary if isinstance(binary, bytes) else None,
         compiled=compiled,
     )
+
+
+def jit_specialisation(
+    fn,
+    signature: Mapping[str, str],
+    constexprs: Mapping[str, Any],
+    target: Target,
+    values: Mapping[str, Any],
+    *,
+    num_warps: int,
+    num_stages: int,
+) -> tuple[dict, dict, dict, dict]:
+    """(signature, constexprs, attrs, options) exactly as ``JITFunction.run`` derives them for a
+    launch with these arguments: it runs the JIT's own argument binder (``specialize_impl`` per
+    argument: pointer alignment and integer divisibility become ``tt.divisibility = 16`` attrs,
+    an integer 1 and a None become constants) and ``_pack_args``, so the rule cannot drift from
+    the installed Triton (pinned in pyproject.toml; both are private to triton.runtime.jit)."""
+    import triton.language as tl
+    from triton import knobs
+    from triton.compiler import make_backend
+    from triton.runtime.jit import MockTensor, create_function_from_signature
+
+    args: dict[str, Any] = {}
+    for param in fn.params:
+        name = param.name
+        if param.is_constexpr:
+            if name in constexprs:
+                args[name] = constexprs[name]
+            continue
+        if name not in signature:
+            raise ValueError(f"{fn.__name__}: no type for runtime argument {name!r}")
+        declared = signature[name]
+        if name in values:
+            args[name] = values[name]
+        elif declared.startswith("*"):
+            # data_ptr() 0: 16-byte aligned
+            args[name] = MockTensor(tl.str_to_ty(declared, None).element_ty)
+        else:
+            raise ValueError(
+                f"{fn.__name__}: no runtime value for {name!r} ({declared}); the JIT specialises "
+                "on it, so pass the value a launch would (values=...)"
+            )
+    unknown = set(signature) - set(fn.arg_names) | set(constexprs) - set(fn.arg_names)
+    if unknown:
+        raise ValueError(f"{fn.__name__} has no argument(s) {sorted(unknown)}")
+    backend = make_backend(target.gpu_target())
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    # the options JITFunction.run adds before binding
+    kwargs = dict(num_warps=num_warps, num_stages=num_stages,
+                  debug=fn.debug or knobs.runtime.debug,
+                  instrumentation_mode=knobs.compilation.instrumentation_mode)  # fmt: skip
+    bound, specialisation, _ = binder(**args, **kwargs)
+    opts, sig, consts, attrs = fn._pack_args(backend, kwargs, bound, specialisation, kwargs)
+    for name, kind in sig.items():  # the declared types must be the ones the values give
+        declared = signature.get(name)
+        if kind != "constexpr" and declared is not None and kind != declared:
+            raise ValueError(f"{fn.__name__}: {name} declared {declared}, a launch passes {kind}")
+    return sig, consts, attrs, opts.__dict__
 
 
 def _resources(target: Target, stages: Mapping[str, str]) -> dict[str, int | None]:

@@ -96,7 +96,9 @@ class Candidate:
     ``is_valid(spec, target, problem=None)`` says whether one may run there (hardware rules always,
     problem rules such as numeric range when a problem is given); ``specialize(spec, problem)``
     fills in the spec fields a problem fixes (head dims, dtype, options) or returns None when the
-    spec cannot serve it; ``builders`` compile each kernel of a spec for a target.
+    spec cannot serve it; ``builders`` compile each kernel of a spec for a target; a builder may
+    take a third argument, the problem, to compile the kernel a launch for that problem runs
+    (Triton's JIT specialises on runtime integer values), its family's representative otherwise.
     """
 
     name: str  # dotted: "kda.split"
@@ -105,7 +107,7 @@ class Candidate:
     spec_types: tuple[type, ...] = attrs.field(converter=tuple)
     enumerate_specs: Callable[[Target], Sequence[Any]]
     is_valid: Callable[..., Verdict]
-    builders: Mapping[str, Callable[[Any, Target], Artifact]]
+    builders: Mapping[str, Callable[..., Artifact]]  # (spec, target[, problem])
     accepts: Callable[[Any], Verdict] = _no_problem_rule
     specialize: Callable[[Any, Any], Any] | None = None
     # Lower cost ranks first among a candidate's valid specs for a problem (heuristic seam;

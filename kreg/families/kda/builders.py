@@ -8,6 +8,14 @@ from kreg.registry.compile import compile_kernel
 from kreg.registry.model import Artifact, Target
 
 from . import kernels
+from .runtime_args import (
+    REPRESENTATIVE,
+    LaunchShape,
+    scan_absent,
+    scan_scalars,
+    tile_absent,
+    tile_scalars_of,
+)
 from .specs import KdaChunkFusedSpec, KdaScanSpec, KdaTileSpec
 
 _SCALARS = {"T": "i32", "H": "i32", "HV": "i32", "scale": "fp32", "lower_bound": "fp32"}
@@ -30,6 +38,12 @@ def _states(spec: KdaScanSpec) -> dict[str, str]:
     return {"o": f"*{spec.dtype}", "h0": f"*{spec.state_dtype}", "ht": "*fp32", "hs": "*fp32"}
 
 
+def _launch_values(signature: dict, *parts: dict) -> dict:
+    """The runtime values a launch passes (runtime_args.py), for this kernel's arguments."""
+    merged = {k: v for part in parts for k, v in part.items()}
+    return {k: v for k, v in merged.items() if k in signature}
+
+
 def _tile_constexprs(spec: KdaTileSpec) -> dict:
     return dict(
         K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, BS=spec.solve_block,
@@ -46,64 +60,95 @@ def _scan_constexprs(spec: KdaScanSpec, block_v: int) -> dict:
     )  # fmt: skip
 
 
+# Every builder compiles the kernel Triton's JIT runs for a launch of ``shape`` (runtime_args.py):
+# the representative production shape unless given the problem's (``launch_shape(problem)``).
+
+
 @functools.cache
-def build_kda_chunk_prep(spec: KdaTileSpec, target: Target) -> Artifact:
+def build_kda_chunk_prep(
+    spec: KdaTileSpec, target: Target, shape: LaunchShape = REPRESENTATIVE
+) -> Artifact:
     signature = _inputs(spec.dtype) | _tiles(spec.dtype) | _TABLES | _SCALARS
     constexprs = _tile_constexprs(spec) | {"VARLEN": spec.varlen}
     constexprs |= {"LOOPED": spec.looped, "BALLAST": spec.ballast_bytes}
+    values = _launch_values(signature, tile_scalars_of(shape), tile_absent(spec))
     return compile_kernel(
         kernels.kda_chunk_prep_kernel, signature, constexprs, target,
-        num_warps=spec.num_warps, num_stages=1,
+        num_warps=spec.num_warps, num_stages=1, values=values,
     )  # fmt: skip
 
 
 @functools.cache
-def build_kda_chunk_scan(spec: KdaScanSpec, target: Target) -> Artifact:
+def build_kda_chunk_scan(
+    spec: KdaScanSpec, target: Target, shape: LaunchShape = REPRESENTATIVE
+) -> Artifact:
     signature = _tiles(spec.dtype) | _states(spec)
     signature |= {"seq_chunk": "*i32", "cu_seqlens": "*i64", "T": "i32", "HV": "i32", "NSEG": "i32"}
     if spec.segment_chunks:  # h0 then holds the segments' fp32 start states
         signature["h0"] = "*fp32"
     constexprs = dict(K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, SEG=spec.segment_chunks)
     constexprs |= _scan_constexprs(spec, spec.block_v)
+    values = _launch_values(
+        signature, _scan_scalars(spec, shape),
+        scan_absent(spec, h0_is_segment_starts=bool(spec.segment_chunks)),
+    )  # fmt: skip
     return compile_kernel(
         kernels.kda_chunk_scan_kernel, signature, constexprs, target,
-        num_warps=spec.num_warps, num_stages=spec.num_stages,
+        num_warps=spec.num_warps, num_stages=spec.num_stages, values=values,
     )  # fmt: skip
 
 
 @functools.cache
-def build_kda_chunk_fused(spec: KdaChunkFusedSpec, target: Target) -> Artifact:
+def build_kda_chunk_fused(
+    spec: KdaChunkFusedSpec, target: Target, shape: LaunchShape = REPRESENTATIVE
+) -> Artifact:
     tile, scan = spec.tile, spec.scan
     signature = _inputs(tile.dtype) | _states(scan)
     signature |= {"seq_chunk": "*i32", "cu_seqlens": "*i64"} | _SCALARS
     constexprs = _tile_constexprs(tile) | _scan_constexprs(scan, scan.block_v)
     constexprs["ABLATE_SCAN"] = spec.ablate_scan
+    values = _launch_values(
+        signature, tile_scalars_of(shape), tile_absent(tile),
+        scan_absent(scan, h0_is_segment_starts=False),
+    )  # fmt: skip
     return compile_kernel(
         kernels.kda_chunk_fused_kernel, signature, constexprs, target,
-        num_warps=tile.num_warps, num_stages=1,
+        num_warps=tile.num_warps, num_stages=1, values=values,
     )  # fmt: skip
+
+
+def _scan_scalars(spec: KdaScanSpec, shape: LaunchShape) -> dict:
+    return scan_scalars(shape.T, shape.HV, spec.chunk, spec.segment_chunks)
 
 
 _SEGMENT = {"seq_chunk": "*i32", "cu_seqlens": "*i64", "T": "i32", "HV": "i32", "NSEG": "i32"}
 
 
 @functools.cache
-def build_kda_segment_map(spec: KdaScanSpec, target: Target) -> Artifact | None:
+def build_kda_segment_map(
+    spec: KdaScanSpec, target: Target, shape: LaunchShape = REPRESENTATIVE
+) -> Artifact | None:
     """Sequence-parallel scan, pass 1 (None when the spec has no segments)."""
     if not spec.segment_chunks:
         return None
     signature = _tiles(spec.dtype) | {"seg_map": "*fp32"} | _SEGMENT
     constexprs = dict(K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, BV=spec.block_v,
                       VARLEN=spec.varlen, SEG=spec.segment_chunks)  # fmt: skip
+    values = _launch_values(
+        signature, _scan_scalars(spec, shape), scan_absent(spec, h0_is_segment_starts=False)
+    )
     return compile_kernel(
         kernels.kda_segment_map_kernel, signature, constexprs, target,
-        num_warps=spec.num_warps, num_stages=spec.num_stages,
+        num_warps=spec.num_warps, num_stages=spec.num_stages, values=values,
     )  # fmt: skip
 
 
 @functools.cache
 def build_kda_segment_combine(
-    spec: KdaScanSpec, target: Target, fp32_dot: str = "ieee"
+    spec: KdaScanSpec,
+    target: Target,
+    fp32_dot: str = "ieee",
+    shape: LaunchShape = REPRESENTATIVE,
 ) -> Artifact | None:
     """Sequence-parallel scan, pass 2 (None when the spec has no segments)."""
     if not spec.segment_chunks:
@@ -113,7 +158,10 @@ def build_kda_segment_combine(
     constexprs = dict(K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, BV=spec.block_v,
                       USE_H0=spec.initial_state, STATE_VK=spec.state_layout == "vk",
                       VARLEN=spec.varlen, SEG=spec.segment_chunks, FP32_DOT=fp32_dot)  # fmt: skip
+    values = _launch_values(
+        signature, _scan_scalars(spec, shape), scan_absent(spec, h0_is_segment_starts=False)
+    )
     return compile_kernel(
         kernels.kda_segment_combine_kernel, signature, constexprs, target, num_warps=4,
-        num_stages=1,
+        num_stages=1, values=values,
     )  # fmt: skip

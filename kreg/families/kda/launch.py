@@ -10,6 +10,7 @@ import torch
 import triton
 
 from . import kernels
+from .runtime_args import scan_scalars, tile_scalars
 
 
 @attrs.frozen
@@ -75,8 +76,7 @@ def _outputs(call: Call, n_chunks: int):
 def _common(call: Call):
     H, K = call.q.shape[2], call.q.shape[3]
     HV, V = call.v.shape[2], call.v.shape[3]
-    return dict(
-        T=call.q.shape[1], H=H, HV=HV, scale=call.scale, lower_bound=call.lower_bound,
+    return tile_scalars(call.q.shape[1], H, HV, call.scale, call.lower_bound) | dict(
         K=K, V=V, GATE_ACT=kernels.GATE_ACT[call.gate_activation], QK_L2=call.qk_l2norm,
         BETA_SIG=call.beta_sigmoid,
     )  # fmt: skip
@@ -127,39 +127,39 @@ def run_scan(call: Call, tile, scan, tables, tiles):
         K=K, V=V, C=tile.chunk, BV=scan.block_v, STATE_VK=call.state_layout == "vk",
         VARLEN=call.cu_seqlens is not None,
     )  # fmt: skip
-    h0, n_seg, seg = call.initial_state, 1, scan.segment_chunks
+    h0, seg = call.initial_state, scan.segment_chunks
+    scalars = scan_scalars(T, HV, tile.chunk, seg)  # NSEG is 1 without segments
     if seg:
-        h0, n_seg = _segment_starts(call, tiles, scan, seq_chunk, n_states, T, scan_args,
-                                    tile.fp32_dot)  # fmt: skip
-    kernels.kda_chunk_scan_kernel[(V // scan.block_v, n_states * HV, n_seg)](
-        *tiles, o, h0, ht, hs, seq_chunk, call.cu_seqlens, T, HV, n_seg,
+        h0 = _segment_starts(call, tiles, scan, seq_chunk, n_states, scalars, scan_args,
+                             tile.fp32_dot)  # fmt: skip
+    kernels.kda_chunk_scan_kernel[(V // scan.block_v, n_states * HV, scalars["NSEG"])](
+        *tiles, o, h0, ht, hs, seq_chunk, call.cu_seqlens, **scalars,
         USE_H0=call.initial_state is not None, STORE_HT=ht is not None, STORE_HS=hs is not None,
         SEG=seg, num_warps=scan.num_warps, num_stages=scan.num_stages, **scan_args,
     )  # fmt: skip
     return o, ht, hs
 
 
-def _segment_starts(call: Call, tiles, scan, seq_chunk, n_states, T, scan_args, fp32_dot):
+def _segment_starts(call: Call, tiles, scan, seq_chunk, n_states, scalars, scan_args, fp32_dot):
     """Sequence-parallel scan, passes 1 and 2: each segment's affine map, then the serial chain
-    over segments. Returns (start states [N, NSEG, HV, K, V] fp32, NSEG)."""
-    HV, K, V, C = call.v.shape[2], scan_args["K"], scan_args["V"], scan_args["C"]
-    # From shapes alone (no sequence spans more than T tokens), so a captured CUDA graph stays
-    # right when a replay's offsets change; segments past a sequence's end do nothing.
-    n_seg = max(1, triton.cdiv(triton.cdiv(T, C), scan.segment_chunks))
+    over segments. Returns the start states [N, NSEG, HV, K, V] fp32."""
+    HV, K, V = call.v.shape[2], scan_args["K"], scan_args["V"]
+    # runtime_args.segment_count: from shapes alone; segments past a sequence's end do nothing.
+    n_seg = scalars["NSEG"]
     dev = call.q.device
     seg_map = torch.empty((n_states, n_seg, HV, K, K + V), dtype=torch.float32, device=dev)
     starts = torch.empty((n_states, n_seg, HV, K, V), dtype=torch.float32, device=dev)
     kernels.kda_segment_map_kernel[((K + V) // scan.block_v, n_states * HV, n_seg)](
-        *tiles, seg_map, seq_chunk, call.cu_seqlens, T, HV, n_seg,
+        *tiles, seg_map, seq_chunk, call.cu_seqlens, **scalars,
         SEG=scan.segment_chunks, num_warps=scan.num_warps, num_stages=scan.num_stages,
         **{k: scan_args[k] for k in ("K", "V", "C", "BV", "VARLEN")},
     )  # fmt: skip
     kernels.kda_segment_combine_kernel[(V // scan.block_v, n_states * HV)](
-        seg_map, starts, call.initial_state, seq_chunk, call.cu_seqlens, T, HV, n_seg,
+        seg_map, starts, call.initial_state, seq_chunk, call.cu_seqlens, **scalars,
         USE_H0=call.initial_state is not None, SEG=scan.segment_chunks, FP32_DOT=fp32_dot,
         num_warps=4, num_stages=1, **scan_args,
     )  # fmt: skip
-    return starts, n_seg
+    return starts
 
 
 def run_fused(call: Call, spec):

@@ -14,6 +14,7 @@ from .builders import (
     build_kda_segment_combine,
     build_kda_segment_map,
 )
+from .runtime_args import launch_shape
 
 ABI_VERSION = 1
 
@@ -67,13 +68,21 @@ SPLIT = Candidate(
     spec_types=(specs.KdaTileSpec, specs.KdaScanSpec),
     enumerate_specs=specs.enumerate_split_specs,
     is_valid=specs.is_valid_split_spec,
+    # (spec, target, problem=None): the kernel a launch for ``problem`` runs, for a
+    # representative production problem without one (runtime_args.REPRESENTATIVE)
     builders={
-        "prep": lambda spec, target: build_kda_chunk_prep(spec.tile, target),
-        "scan": lambda spec, target: build_kda_chunk_scan(spec.scan, target),
+        "prep": lambda spec, target, problem=None: build_kda_chunk_prep(
+            spec.tile, target, launch_shape(problem)
+        ),
+        "scan": lambda spec, target, problem=None: build_kda_chunk_scan(
+            spec.scan, target, launch_shape(problem)
+        ),
         # None unless the scan is sequence-parallel (segment_chunks > 0)
-        "segment_map": lambda spec, target: build_kda_segment_map(spec.scan, target),
-        "segment_combine": lambda spec, target: build_kda_segment_combine(
-            spec.scan, target, spec.tile.fp32_dot
+        "segment_map": lambda spec, target, problem=None: build_kda_segment_map(
+            spec.scan, target, launch_shape(problem)
+        ),
+        "segment_combine": lambda spec, target, problem=None: build_kda_segment_combine(
+            spec.scan, target, spec.tile.fp32_dot, launch_shape(problem)
         ),
     },
     accepts=accepts,
@@ -90,7 +99,11 @@ FUSED = Candidate(
     spec_types=(specs.KdaChunkFusedSpec,),
     enumerate_specs=specs.enumerate_fused_specs,
     is_valid=specs.is_valid_fused_spec,
-    builders={"fused": build_kda_chunk_fused},
+    builders={
+        "fused": lambda spec, target, problem=None: build_kda_chunk_fused(
+            spec, target, launch_shape(problem)
+        )
+    },
     accepts=accepts,
     specialize=specs.specialize_fused,
     cost=fused_cost,

@@ -84,7 +84,12 @@ def build_scale2(spec: VecSpec, target):
     ptr = "*" + spec.dtype
     signature = {"x_ptr": ptr, "y_ptr": ptr, "n": "i32"}
     return compile_kernel(
-        scale2, signature, {"BLOCK": spec.tile.block}, target, num_warps=spec.tile.warps
+        scale2,
+        signature,
+        {"BLOCK": spec.tile.block},
+        target,
+        num_warps=spec.tile.warps,
+        values={"n": 1 << 20},  # a representative length: the JIT specialises n on its value
     )
 
 
