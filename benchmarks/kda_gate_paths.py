@@ -56,7 +56,7 @@ def selected(x, bound):
     q, k, v, g, beta = x
     problem, _ = api._prepare(q, k, v, g, beta, None, None, True, bound, None, None, None, None,
                               "none", False, False, "kv", False)  # fmt: skip
-    sel = select(problem, "sm90")
+    sel = select(problem, "sm90", family="kda")
     t, s = sel.spec.tile, sel.spec.scan
     return (f"c{t.chunk} bs{t.solve_block} {t.anchor} w{t.num_warps} | bv{s.block_v} "
             f"w{s.num_warps} st{s.num_stages} seg{s.segment_chunks}")  # fmt: skip

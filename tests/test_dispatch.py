@@ -196,18 +196,21 @@ def test_tuning_entry_matching_no_enumerated_spec_warns(vec, table):
 
 
 def test_tuning_entry_invalid_for_the_problem_does_not_apply_silently():
-    """The packaged sm90 entries pin block-anchor specs; unbounded gates need the row anchor,
-    so for them the entry does not apply, and that is not a stale table."""
+    """The packaged sm90 entries name no anchor (it follows the problem): they apply to bounded
+    and unbounded gates alike, each specialised to its anchor, and warn about nothing."""
     from kreg.problems import LinearAttentionProblem
 
     bounded = LinearAttentionProblem(
         batch=1, seq_len=8192, heads_qk=8, heads_v=8, head_dim_k=128, head_dim_v=128
     )
-    assert select(bounded, "sm90").decided_by.startswith("tuning table entry")
+    bounded = attrs.evolve(bounded, gate_lower_bound=-5.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        sel = select(attrs.evolve(bounded, gate_lower_bound=None), "sm90")
-    assert sel.spec.tile.anchor == "row" and sel.decided_by.startswith("heuristic")
+        b = select(bounded, "sm90")
+        u = select(attrs.evolve(bounded, gate_lower_bound=None), "sm90")
+    assert b.decided_by.startswith("tuning table entry") and b.spec.tile.anchor == "block"
+    assert u.decided_by == b.decided_by and u.spec.tile.anchor == "safe"
+    assert attrs.evolve(u.spec.tile, anchor="block") == b.spec.tile
 
 
 def test_malformed_tuning_table_warns(vec, table):

@@ -505,9 +505,10 @@ def test_split_and_fused_pair_up_for_the_default_problem():
     assert fused.scan.block_v == 128
 
 
-def test_unbounded_gates_select_the_row_anchor_and_say_why():
-    sel = select(_default_problem(gate_lower_bound=None), "sm90")
-    assert sel.candidate.name == "kda.split"
-    assert sel.spec.tile.anchor == "row"
-    spec_stage = [e.reason for e in sel.trace if e.candidate == "kda.split" and e.stage == "spec"]
-    assert "unbounded gates" in spec_stage[0] and "anchor='row'" in spec_stage[0]
+def test_the_default_problem_is_unbounded_and_takes_the_safe_anchor():
+    assert _default_problem().gate_lower_bound is None
+    assert inspect.signature(api.kda_prefill).parameters["gate_lower_bound"].default is None
+    sel = select(_default_problem(), "sm90")
+    assert sel.candidate.name == "kda.split" and sel.spec.tile.anchor == "safe"
+    bounded = select(_default_problem(gate_lower_bound=-5.0), "sm90")
+    assert bounded.spec.tile.anchor == "block"

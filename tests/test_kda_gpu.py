@@ -143,15 +143,27 @@ def test_accuracy_vs_float64_loop(B, T, H, HV, record_property):
     assert eo <= MAX_REL_RMS and eh <= MAX_REL_RMS, (eo, eh)
 
 
-def test_split_equals_fused_bitwise():
-    """The dispatcher's split spec (V split into blocks on sm90) and the fused kernel (all of V)."""
+@pytest.mark.parametrize("bound", [None, -5.0], ids=["safe", "block"])
+def test_split_equals_fused_bitwise(bound):
+    """The dispatcher's fused spec and its bitwise pair among split specs (the scan at the fused
+    kernel's V width and warps): equal bit for bit; the dispatcher's own split spec (V split
+    into blocks) agrees within rounding."""
+    from kreg.families.kda.specs import bitwise_pair
+
     x = make(2, 8192, 16, seed=3)
     h0 = initial_state(2, 16)
-    kw = dict(initial_state=h0, output_final_state=True, output_chunk_states=True)
-    split = run_pinned(x, **kw)
-    fused = api.kda_prefill(**x, **kw, algorithm="kda.fused")
+    kw = dict(initial_state=h0, output_final_state=True, output_chunk_states=True,
+              gate_lower_bound=bound)  # fmt: skip
+    problem, call = api._prepare(**x, **{**_PREPARE_DEFAULTS, **kw})
+    fsel = select(problem, "sm90", algorithm="kda.fused", allow_opt_in=True)
+    fused = api.run_selection(fsel, call, problem)
+    ssel = select(problem, "sm90", algorithm="kda.split")
+    pair = attrs.evolve(ssel, spec=bitwise_pair(fsel.spec))
+    split = api.run_selection(pair, call, problem)
     for what, a, b in zip(("o", "final state", "chunk states"), split, fused, strict=True):
         assert torch.equal(a, b), f"{what}: max abs diff {(a.float() - b.float()).abs().max()}"
+    own = api.run_selection(ssel, call, problem)
+    assert rel_rms(own[0], fused[0]) <= MAX_REL_RMS  # both within the float64 budget
 
 
 @pytest.mark.parametrize("seg", [16, 64])
@@ -305,7 +317,7 @@ def test_production_argument_set(B, T, H, record_property):
 
 
 def test_unbounded_gates_with_hard_resets(record_property):
-    """No lower bound: softplus-scale decays with g = -1000 resets, on the row-anchor path the
+    """No lower bound: softplus-scale decays with g = -1000 resets, on the safe anchor the
     dispatcher picks from the gate bound; finite, within the budget, split == fused."""
     B, T, H = 1, 8192, 8
     x = make(B, T, H, seed=21)
@@ -317,7 +329,7 @@ def test_unbounded_gates_with_hard_resets(record_property):
     assert x["g"].float().min() == -1000.0
     h0 = initial_state(B, H)
     problem, _ = api._prepare(**x, **{**_PREPARE_DEFAULTS, "gate_lower_bound": None})
-    assert select(problem, "sm90").spec.tile.anchor == "row"
+    assert select(problem, "sm90").spec.tile.anchor == "safe"
     kw = dict(gate_lower_bound=None, initial_state=h0, output_final_state=True)
     o, ht = api.kda_prefill(**x, **kw)
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()

@@ -148,17 +148,31 @@ def test_numeric_rule_applies_with_a_problem_only():
     assert "160 nats" in reasons_of(S.is_valid_fused_spec(fused, SM90, problem()))
 
 
-def test_unbounded_problem_is_served_only_by_the_row_anchor():
-    unbounded = problem(gate_lower_bound=None, head_dim_k=32, head_dim_v=32)
+@pytest.mark.parametrize(
+    "bound, solve_block, anchor",
+    [(None, 16, "safe"), (None, 32, "safe"), (-5.0, 16, "block"), (-5.0, 32, "safe"),
+     (-2.5, 32, "block"), (-6.0, 16, "safe")],
+)  # fmt: skip
+def test_the_anchor_follows_the_problem(bound, solve_block, anchor):
+    """Specialising picks the block anchor exactly where the promised bound keeps the span
+    within the numeric rule, the safe anchor everywhere else (unbounded gates included)."""
+    p = problem(gate_lower_bound=bound, head_dim_k=32, head_dim_v=32)
     for target in TARGETS.values():
         for cand in (SPLIT, FUSED):
             valid = [
                 s
-                for s in (cand.specialize(s, unbounded) for s in cand.enumerate_specs(target))
-                if s is not None and cand.is_valid(s, target, unbounded)
+                for s in (cand.specialize(s, p) for s in cand.enumerate_specs(target))
+                if s is not None and cand.is_valid(s, target, p)
             ]
             assert valid, (target.name, cand.name)
-            assert {s.tile.anchor for s in valid} == {"row"}, (target.name, cand.name)
+            got = {s.tile.anchor for s in valid if s.tile.solve_block == solve_block}
+            assert got == {anchor}, (target.name, cand.name, got)
+
+
+def test_block_anchor_pinned_on_unbounded_gates_is_refused_with_the_reason():
+    spec = S.KdaSplitSpec(S.KdaTileSpec(chunk=32, anchor="block"), S.KdaScanSpec(chunk=32))
+    reasons = reasons_of(S.is_valid_split_spec(spec, SM90, problem(gate_lower_bound=None)))
+    assert "unbounded gates" in reasons and "anchor='safe'" in reasons
 
 
 # --- scan spec rules ---------------------------------------------------------------------------

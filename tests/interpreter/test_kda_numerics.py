@@ -469,10 +469,10 @@ def test_production_argument_set():
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
-def test_unbounded_softplus_gates_take_the_row_anchor(fused):
-    """Unbounded (softplus) gates: only anchor='row' specs pass the numeric rule, the dispatcher
-    says why the block anchor was refused, and the result matches both oracles, with decays far
-    past what a sub-block anchor survives (single steps below -10 nats)."""
+def test_unbounded_softplus_gates_take_the_safe_anchor(fused):
+    """Unbounded (softplus) gates: the dispatcher specialises to anchor='safe', and the result
+    matches both oracles, with decays far past what a sub-block anchor survives (single steps
+    below -10 nats: the safe anchor's tree rows)."""
     x = make(T=70, K=32, V=32, H=1, HV=2, dtype=FP32, seed=24)
     x["g"] = 3 * torch.randn(x["g"].shape, generator=torch.Generator().manual_seed(6))
     A_log, dt_bias = _gate_params(2, 32)
@@ -485,13 +485,12 @@ def test_unbounded_softplus_gates_take_the_row_anchor(fused):
     opts = {**_PREFILL_DEFAULTS, **x, **kw}
     problem, _ = api._prepare(**{name: opts[name] for name in _PREPARE_ARGS})
     sel = select(problem, TARGET, algorithm=kw.get("algorithm", "auto"))
-    assert sel.spec.tile.anchor == "row"
-    assert any("anchor='row' keeps every exponent non-positive" in e.reason for e in sel.trace)
+    assert sel.spec.tile.anchor == "safe"
     o, ht = api.kda_prefill(**x, **kw)
     check_vs_oracles(_activated(x, g=g), o, ht, chunk=sel.spec.tile.chunk, tol=TOL[FP32])
 
 
-def test_hard_resets_on_the_row_anchor_split_equals_fused():
+def test_hard_resets_on_the_safe_anchor_split_equals_fused():
     """g = -1000 resets (whole tokens and half the channels of another): finite, oracle-exact,
     and split == fused bit for bit on the unbounded path too."""
     x = make(T=90, K=32, V=32, H=1, HV=2, dtype=FP32, seed=25)

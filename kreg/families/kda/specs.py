@@ -340,6 +340,16 @@ def is_valid_fused_spec(spec: KdaChunkFusedSpec, target: Target, problem=None) -
     )
 
 
+def bitwise_pair(fused: KdaChunkFusedSpec) -> KdaSplitSpec:
+    """The split spec that computes bit for bit what ``fused`` computes: the same tile spec, and
+    a scan whose step runs the fused kernel's products (all of V in one block, its warps, one
+    serial chain). Other scan shapes tile the same products differently on the tensor cores and
+    agree within rounding only."""
+    scan = attrs.evolve(fused.scan, block_v=fused.scan.head_dim_v,
+                        num_warps=fused.tile.num_warps, segment_chunks=0)  # fmt: skip
+    return KdaSplitSpec(fused.tile, scan)
+
+
 def _pairing_rule(t: KdaTileSpec, s: KdaScanSpec) -> Verdict:
     return Verdict.check(
         ((t.head_dim_k, t.head_dim_v, t.dtype, t.chunk, t.varlen)
