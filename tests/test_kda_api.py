@@ -78,7 +78,12 @@ def expect(name: str, args: dict, fragment: str = "", **kwargs):
         dict(initial_state=torch.zeros(1, 2, 32, 32), output_final_state=True),
         dict(cu_seqlens=torch.tensor([0, 3, 3, 8])),
         dict(gate_activation="softplus", gate_lower_bound=None, algorithm="split"),
-        dict(gate_activation="sigmoid_bound", A_log=torch.zeros(2), dt_bias=torch.zeros(64)),
+        dict(
+            gate_activation="sigmoid_bound",
+            gate_lower_bound=-5.0,
+            A_log=torch.zeros(2),
+            dt_bias=torch.zeros(64),
+        ),
         dict(algorithm="kda.fused"),
     ],
     ids=["plain", "states", "varlen", "softplus", "sigmoid_bound", "fused"],
@@ -139,7 +144,7 @@ def _meta(a):
 
 H0 = torch.zeros(1, 2, 32, 32)
 CU = torch.tensor([0, 4, 8])
-SIG = dict(gate_activation="sigmoid_bound")
+SIG = dict(gate_activation="sigmoid_bound", gate_lower_bound=-5.0)
 
 REJECTIONS = [
     # q: type, rank, dtype, every dimension, head dim, layout, device, gradient

@@ -124,6 +124,17 @@ def run_pinned(x, *, segment_chunks=0, **kw):
     return api.run_selection(attrs.evolve(sel, spec=spec), call, problem)
 
 
+def run_bitwise_pair(x, **kw):
+    """The split spec that pairs bit for bit with the dispatcher's fused spec
+    (``specs.bitwise_pair``): the same tiles, the scan at the fused kernel's V width and warps."""
+    from kreg.families.kda.specs import bitwise_pair
+
+    problem, call = api._prepare(**x, **{**_PREPARE_DEFAULTS, **kw})
+    fused = select(problem, "sm90", algorithm="kda.fused", allow_opt_in=True)
+    split = select(problem, "sm90", algorithm="kda.split")
+    return api.run_selection(attrs.evolve(split, spec=bitwise_pair(fused.spec)), call, problem)
+
+
 # --- accuracy ------------------------------------------------------------------------------------
 
 
@@ -289,9 +300,9 @@ def test_production_argument_set(B, T, H, record_property):
     o, ht = _kreg_production(raw, params)
     of, htf = _kreg_production(raw, params, algorithm="kda.fused")
     prod = dict(gate_activation="sigmoid_bound", A_log=params["A_log"], dt_bias=params["dt_bias"],
-                use_qk_l2norm=True, use_beta_sigmoid=True, initial_state=params["h0"],
-                output_final_state=True)  # fmt: skip
-    so, sht = run_pinned(raw, **prod)
+                gate_lower_bound=LOWER_BOUND, use_qk_l2norm=True, use_beta_sigmoid=True,
+                initial_state=params["h0"], output_final_state=True)  # fmt: skip
+    so, sht = run_bitwise_pair(raw, **prod)
     assert torch.equal(so, of) and torch.equal(sht, htf), "split != fused"
     ro, rh = token_serial_f64(**_activate(raw, params), initial_state=params["h0"])
     eo, eh = rel_rms(o, ro), rel_rms(ht, rh)
@@ -338,7 +349,7 @@ def test_unbounded_gates_with_hard_resets(record_property):
     report(record_property, "unbounded_o_rel_rms", eo)
     report(record_property, "unbounded_state_rel_rms", eh)
     assert eo <= MAX_REL_RMS and eh <= MAX_REL_RMS, (eo, eh)
-    so, sht = run_pinned(x, **kw)
+    so, sht = run_bitwise_pair(x, **kw)
     fo, fht = api.kda_prefill(**x, **kw, algorithm="kda.fused")
     assert torch.equal(so, fo) and torch.equal(sht, fht), "split != fused"
 

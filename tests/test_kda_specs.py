@@ -136,16 +136,22 @@ def test_numeric_rule():
 def test_numeric_rule_applies_with_a_problem_only():
     spec = S.KdaTileSpec(chunk=32, solve_block=32, fp32_dot="tf32")
     assert S.is_valid_tile_spec(spec, SM90).ok  # hardware rules alone
-    assert "160 nats" in reasons_of(S.is_valid_tile_spec(spec, SM90, problem()))
+    assert "160 nats" in reasons_of(
+        S.is_valid_tile_spec(spec, SM90, problem(gate_lower_bound=-5.0))
+    )
     assert S.is_valid_tile_spec(spec, SM90, problem(gate_lower_bound=-1.0)).ok
     assert "unbounded" in reasons_of(
         S.is_valid_tile_spec(spec, SM90, problem(gate_lower_bound=None))
     )
     # the split and fused rules carry it
     split = S.KdaSplitSpec(spec, S.KdaScanSpec(chunk=32))
-    assert "160 nats" in reasons_of(S.is_valid_split_spec(split, SM90, problem()))
+    assert "160 nats" in reasons_of(
+        S.is_valid_split_spec(split, SM90, problem(gate_lower_bound=-5.0))
+    )
     fused = S.KdaChunkFusedSpec(spec, S.KdaScanSpec(chunk=32, block_v=128))
-    assert "160 nats" in reasons_of(S.is_valid_fused_spec(fused, SM90, problem()))
+    assert "160 nats" in reasons_of(
+        S.is_valid_fused_spec(fused, SM90, problem(gate_lower_bound=-5.0))
+    )
 
 
 @pytest.mark.parametrize(
@@ -294,6 +300,7 @@ def test_enumerations(target):
 
 def test_specialize_fills_problem_fields():
     p = problem(head_dim_k=64, head_dim_v=64, dtype="fp16", gate_activation="sigmoid_bound",
+                gate_lower_bound=-5.0,
                 qk_l2norm=True, beta_sigmoid=True, initial_state=True, state_dtype="bf16",
                 output_final_state=True, state_layout="vk", output_chunk_states=True,
                 varlen=True, num_seqs=3)  # fmt: skip

@@ -322,7 +322,8 @@ FAKE_CASES = [
     ("q_H0", lambda x: _bad(x, q=x["q"][:, :, :0], k=x["k"][:, :, :0]), "q"),
     ("v_noncontig", lambda x: _bad(x, v=x["v"].transpose(1, 2).contiguous().transpose(1, 2)),
      "v"),
-    ("A_log", lambda x: _bad(x, gate_activation="sigmoid_bound", A_log=torch.zeros(3)), "A_log"),
+    ("A_log", lambda x: _bad(x, gate_activation="sigmoid_bound", gate_lower_bound=-5.0,
+                                     A_log=torch.zeros(3)), "A_log"),
     ("dt_bias", lambda x: _bad(x, gate_activation="softplus", gate_lower_bound=None,
                                dt_bias=torch.zeros(2, 31)), "dt_bias"),
     ("initial_state", lambda x: _bad(x, initial_state=torch.zeros(2, 2, 32, 32)), "initial_state"),
@@ -410,7 +411,7 @@ def test_wrapper_refuses_inputs_that_require_grad(name):
     """Inside the op grad mode is off, so the wrapper checks (with kda_prefill's function)."""
     x = {n: torch.zeros_like(t, dtype=FP32) for n, t in fake_inputs(B=1, T=40, H=1).items()}
     kw = dict(initial_state=torch.zeros(1, 1, 32, 32), gate_activation="sigmoid_bound",
-              A_log=torch.zeros(1))  # fmt: skip
+              gate_lower_bound=-5.0, A_log=torch.zeros(1))  # fmt: skip
     kw = {**x, **kw}
     leaf = kw[name].clone().requires_grad_()
     kw[name] = leaf * 1

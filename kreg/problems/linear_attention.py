@@ -80,6 +80,8 @@ class LinearAttentionProblem:
     num_seqs: int | None = None  # defaults to batch; the sequence count with varlen
 
     def __attrs_post_init__(self):
+        if self.gate_activation == "sigmoid_bound" and self.gate_lower_bound is None:
+            raise ValueError("gate_lower_bound must be given with gate_activation='sigmoid_bound'")
         if self.heads_v % self.heads_qk:
             raise ValueError(
                 f"heads_v ({self.heads_v}) must be a multiple of heads_qk ({self.heads_qk})"

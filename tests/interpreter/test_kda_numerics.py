@@ -191,8 +191,8 @@ _OPTION_SETS = {
     "plain": dict(),
     "states": dict(initial_state=True, output_final_state=True, output_chunk_states=True),
     "vk_activations": dict(initial_state=True, output_final_state=True, state_layout="vk",
-                           gate_activation="sigmoid_bound", use_qk_l2norm=True,
-                           use_beta_sigmoid=True),
+                           gate_activation="sigmoid_bound", gate_lower_bound=-5.0,
+                           use_qk_l2norm=True, use_beta_sigmoid=True),
     "varlen": dict(cu_seqlens=[0, 30, 30, 71, 100], output_final_state=True,
                    output_chunk_states=True, initial_state=True),
 }  # fmt: skip
@@ -431,7 +431,8 @@ def test_sigmoid_bound_gate(dtype):
         g = gate_sigmoid_bound(x["g"], A_log, dt_bias, lower_bound=lb)
         check_vs_oracles(_activated(x, g=g), o, ht, chunk=32, tol=TOL[dtype])
     # without A_log and dt_bias: factor 1, no bias
-    o, ht = run(x, chunk=32, gate_activation="sigmoid_bound", output_final_state=True)
+    o, ht = run(x, chunk=32, gate_activation="sigmoid_bound", gate_lower_bound=-5.0,
+                output_final_state=True)  # fmt: skip
     g = gate_sigmoid_bound(x["g"], lower_bound=-5.0)
     check_vs_oracles(_activated(x, g=g), o, ht, chunk=32, tol=TOL[dtype])
 
@@ -455,7 +456,8 @@ def test_production_argument_set():
     x["beta"] = torch.randn(x["beta"].shape, generator=torch.Generator().manual_seed(4)).half()
     A_log, dt_bias = _gate_params(2, 64)
     h0 = state(2, 2, 64, 64)
-    kw = dict(gate_activation="sigmoid_bound", A_log=A_log, dt_bias=dt_bias, use_qk_l2norm=True,
+    kw = dict(gate_activation="sigmoid_bound", gate_lower_bound=-5.0, A_log=A_log,
+              dt_bias=dt_bias, use_qk_l2norm=True,
               use_beta_sigmoid=True, initial_state=h0, output_final_state=True, cu_seqlens=cu)  # fmt: skip
     o, ht = api.kda_prefill(**x, **kw)
     g = gate_sigmoid_bound(x["g"], A_log, dt_bias, lower_bound=-5.0)

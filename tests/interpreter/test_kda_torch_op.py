@@ -55,7 +55,8 @@ CASES = {
     "chunk_states": lambda dt: (make(B=2, H=1, dtype=dt),
                                 dict(output_final_state=True, output_chunk_states=True)),
     "gate_act": lambda dt: (make(B=1, H=1, dtype=dt),
-                            dict(gate_activation="sigmoid_bound", use_qk_l2norm=True,
+                            dict(gate_activation="sigmoid_bound", gate_lower_bound=-5.0,
+                                 use_qk_l2norm=True,
                                  use_beta_sigmoid=True, A_log=torch.full((1,), -0.5),
                                  dt_bias=torch.full((32,), 0.1), output_final_state=True)),
 }  # fmt: skip
