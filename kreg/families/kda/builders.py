@@ -1,8 +1,16 @@
-"""Builders: compile each KDA kernel of a spec for any registered target (no device needed)."""
+"""What each KDA spec launches, and the builders that compile exactly that for any target.
+
+``*_launch(spec)`` is the one derivation of a kernel's function, constexprs, warps and stages
+from its spec: ``launch.py`` launches with it and the builders compile with it (with the runtime
+values of ``runtime_args.py``), so goldens and ``kreg build`` describe the kernels that run.
+"""
 
 from __future__ import annotations
 
 import functools
+from typing import Any
+
+import attrs
 
 from kreg.registry.compile import compile_kernel
 from kreg.registry.model import Artifact, Target
@@ -60,6 +68,58 @@ def _scan_constexprs(spec: KdaScanSpec, block_v: int) -> dict:
     )  # fmt: skip
 
 
+@attrs.frozen
+class KernelLaunch:
+    """One kernel as a spec launches it."""
+
+    fn: Any  # the @triton.jit function
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+
+    @property
+    def name(self) -> str:
+        return self.fn.fn.__name__
+
+
+def prep_launch(spec: KdaTileSpec) -> KernelLaunch:
+    constexprs = _tile_constexprs(spec) | {"VARLEN": spec.varlen}
+    constexprs |= {"LOOPED": spec.looped, "BALLAST": spec.ballast_bytes}
+    return KernelLaunch(kernels.kda_chunk_prep_kernel, constexprs, spec.num_warps, 1)
+
+
+def scan_launch(spec: KdaScanSpec) -> KernelLaunch:
+    constexprs = dict(K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, SEG=spec.segment_chunks)
+    constexprs |= _scan_constexprs(spec, spec.block_v)
+    return KernelLaunch(kernels.kda_chunk_scan_kernel, constexprs, spec.num_warps,
+                        spec.num_stages)  # fmt: skip
+
+
+def fused_launch(spec: KdaChunkFusedSpec) -> KernelLaunch:
+    constexprs = _tile_constexprs(spec.tile) | _scan_constexprs(spec.scan, spec.scan.block_v)
+    constexprs["ABLATE_SCAN"] = spec.ablate_scan
+    return KernelLaunch(kernels.kda_chunk_fused_kernel, constexprs, spec.tile.num_warps, 1)
+
+
+def segment_map_launch(spec: KdaScanSpec) -> KernelLaunch:
+    constexprs = dict(K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, BV=spec.block_v,
+                      VARLEN=spec.varlen, SEG=spec.segment_chunks)  # fmt: skip
+    return KernelLaunch(kernels.kda_segment_map_kernel, constexprs, spec.num_warps,
+                        spec.num_stages)  # fmt: skip
+
+
+def segment_combine_launch(spec: KdaScanSpec, fp32_dot: str) -> KernelLaunch:
+    constexprs = dict(K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, BV=spec.block_v,
+                      USE_H0=spec.initial_state, STATE_VK=spec.state_layout == "vk",
+                      VARLEN=spec.varlen, SEG=spec.segment_chunks, FP32_DOT=fp32_dot)  # fmt: skip
+    return KernelLaunch(kernels.kda_segment_combine_kernel, constexprs, 4, 1)
+
+
+def _compile(lc: KernelLaunch, signature: dict, target: Target, values: dict) -> Artifact:
+    return compile_kernel(lc.fn, signature, lc.constexprs, target, num_warps=lc.num_warps,
+                          num_stages=lc.num_stages, values=values)  # fmt: skip
+
+
 # Every builder compiles the kernel Triton's JIT runs for a launch of ``shape`` (runtime_args.py):
 # the representative production shape unless given the problem's (``launch_shape(problem)``).
 
@@ -69,13 +129,8 @@ def build_kda_chunk_prep(
     spec: KdaTileSpec, target: Target, shape: LaunchShape = REPRESENTATIVE
 ) -> Artifact:
     signature = _inputs(spec.dtype) | _tiles(spec.dtype) | _TABLES | _SCALARS
-    constexprs = _tile_constexprs(spec) | {"VARLEN": spec.varlen}
-    constexprs |= {"LOOPED": spec.looped, "BALLAST": spec.ballast_bytes}
     values = _launch_values(signature, tile_scalars_of(shape), tile_absent(spec))
-    return compile_kernel(
-        kernels.kda_chunk_prep_kernel, signature, constexprs, target,
-        num_warps=spec.num_warps, num_stages=1, values=values,
-    )  # fmt: skip
+    return _compile(prep_launch(spec), signature, target, values)
 
 
 @functools.cache
@@ -86,16 +141,11 @@ def build_kda_chunk_scan(
     signature |= {"seq_chunk": "*i32", "cu_seqlens": "*i64", "T": "i32", "HV": "i32", "NSEG": "i32"}
     if spec.segment_chunks:  # h0 then holds the segments' fp32 start states
         signature["h0"] = "*fp32"
-    constexprs = dict(K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, SEG=spec.segment_chunks)
-    constexprs |= _scan_constexprs(spec, spec.block_v)
     values = _launch_values(
         signature, _scan_scalars(spec, shape),
         scan_absent(spec, h0_is_segment_starts=bool(spec.segment_chunks)),
     )  # fmt: skip
-    return compile_kernel(
-        kernels.kda_chunk_scan_kernel, signature, constexprs, target,
-        num_warps=spec.num_warps, num_stages=spec.num_stages, values=values,
-    )  # fmt: skip
+    return _compile(scan_launch(spec), signature, target, values)
 
 
 @functools.cache
@@ -105,16 +155,11 @@ def build_kda_chunk_fused(
     tile, scan = spec.tile, spec.scan
     signature = _inputs(tile.dtype) | _states(scan)
     signature |= {"seq_chunk": "*i32", "cu_seqlens": "*i64"} | _SCALARS
-    constexprs = _tile_constexprs(tile) | _scan_constexprs(scan, scan.block_v)
-    constexprs["ABLATE_SCAN"] = spec.ablate_scan
     values = _launch_values(
         signature, tile_scalars_of(shape), tile_absent(tile),
         scan_absent(scan, h0_is_segment_starts=False),
     )  # fmt: skip
-    return compile_kernel(
-        kernels.kda_chunk_fused_kernel, signature, constexprs, target,
-        num_warps=tile.num_warps, num_stages=1, values=values,
-    )  # fmt: skip
+    return _compile(fused_launch(spec), signature, target, values)
 
 
 def _scan_scalars(spec: KdaScanSpec, shape: LaunchShape) -> dict:
@@ -132,15 +177,10 @@ def build_kda_segment_map(
     if not spec.segment_chunks:
         return None
     signature = _tiles(spec.dtype) | {"seg_map": "*fp32"} | _SEGMENT
-    constexprs = dict(K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, BV=spec.block_v,
-                      VARLEN=spec.varlen, SEG=spec.segment_chunks)  # fmt: skip
     values = _launch_values(
         signature, _scan_scalars(spec, shape), scan_absent(spec, h0_is_segment_starts=False)
     )
-    return compile_kernel(
-        kernels.kda_segment_map_kernel, signature, constexprs, target,
-        num_warps=spec.num_warps, num_stages=spec.num_stages, values=values,
-    )  # fmt: skip
+    return _compile(segment_map_launch(spec), signature, target, values)
 
 
 @functools.cache
@@ -155,13 +195,7 @@ def build_kda_segment_combine(
         return None
     signature = {"seg_map": "*fp32", "seg_start": "*fp32", "h0": f"*{spec.state_dtype}"}
     signature |= _SEGMENT
-    constexprs = dict(K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, BV=spec.block_v,
-                      USE_H0=spec.initial_state, STATE_VK=spec.state_layout == "vk",
-                      VARLEN=spec.varlen, SEG=spec.segment_chunks, FP32_DOT=fp32_dot)  # fmt: skip
     values = _launch_values(
         signature, _scan_scalars(spec, shape), scan_absent(spec, h0_is_segment_starts=False)
     )
-    return compile_kernel(
-        kernels.kda_segment_combine_kernel, signature, constexprs, target, num_warps=4,
-        num_stages=1, values=values,
-    )  # fmt: skip
+    return _compile(segment_combine_launch(spec, fp32_dot), signature, target, values)

@@ -9,7 +9,14 @@ import attrs
 import torch
 import triton
 
-from . import kernels
+from .builders import (
+    KernelLaunch,
+    fused_launch,
+    prep_launch,
+    scan_launch,
+    segment_combine_launch,
+    segment_map_launch,
+)
 from .runtime_args import scan_scalars, tile_scalars
 
 
@@ -73,13 +80,15 @@ def _outputs(call: Call, n_chunks: int):
     return o, ht, hs
 
 
-def _common(call: Call):
-    H, K = call.q.shape[2], call.q.shape[3]
-    HV, V = call.v.shape[2], call.v.shape[3]
-    return tile_scalars(call.q.shape[1], H, HV, call.scale, call.lower_bound) | dict(
-        K=K, V=V, GATE_ACT=kernels.GATE_ACT[call.gate_activation], QK_L2=call.qk_l2norm,
-        BETA_SIG=call.beta_sigmoid,
-    )  # fmt: skip
+def _scalars(call: Call) -> dict:
+    H, HV = call.q.shape[2], call.v.shape[2]
+    return tile_scalars(call.q.shape[1], H, HV, call.scale, call.lower_bound)
+
+
+def _launch(lc: KernelLaunch, grid, *args, **runtime):
+    """Launch ``lc`` (the spec's derivation in builders.py, the one the builds compile)."""
+    lc.fn[grid](*args, **runtime, **lc.constexprs, num_warps=lc.num_warps,
+                num_stages=lc.num_stages)  # fmt: skip
 
 
 def _inputs(call: Call):
@@ -107,12 +116,10 @@ def run_prep(call: Call, tile, tables):
     aqk = torch.empty((nc, HV, C, C), dtype=dt, device=dev)
     gkt = torch.empty((nc, HV, K, C), dtype=dt, device=dev)
     dec = torch.empty((nc, HV, K), dtype=torch.float32, device=dev)
-    kernels.kda_chunk_prep_kernel[(_n_states(call) if tile.looped else nc, HV)](
+    _launch(
+        prep_launch(tile), (_n_states(call) if tile.looped else nc, HV),
         *_inputs(call), w, u, gq, aqk, gkt, dec, chunk_seq, seq_chunk, call.cu_seqlens,
-        **_common(call), C=C, BS=tile.solve_block, FP32_DOT=tile.fp32_dot,
-        VARLEN=call.cu_seqlens is not None, LOOPED=tile.looped, BALLAST=tile.ballast_bytes,
-        ANCHOR=kernels.ANCHORS[tile.anchor],
-        num_warps=tile.num_warps, num_stages=1,
+        **_scalars(call),
     )  # fmt: skip
     return w, u, gq, aqk, gkt, dec
 
@@ -120,44 +127,36 @@ def run_prep(call: Call, tile, tables):
 def run_scan(call: Call, tile, scan, tables, tiles):
     """The scan (and, with segments, its map and combine kernels) over stored tiles."""
     seq_chunk, _, nc = tables
-    HV, K, V, T = call.v.shape[2], call.k.shape[-1], call.v.shape[-1], call.q.shape[1]
+    HV, V, T = call.v.shape[2], call.v.shape[-1], call.q.shape[1]
     n_states = _n_states(call)
     o, ht, hs = _outputs(call, nc)
-    scan_args = dict(
-        K=K, V=V, C=tile.chunk, BV=scan.block_v, STATE_VK=call.state_layout == "vk",
-        VARLEN=call.cu_seqlens is not None,
-    )  # fmt: skip
     h0, seg = call.initial_state, scan.segment_chunks
     scalars = scan_scalars(T, HV, tile.chunk, seg)  # NSEG is 1 without segments
     if seg:
-        h0 = _segment_starts(call, tiles, scan, seq_chunk, n_states, scalars, scan_args,
-                             tile.fp32_dot)  # fmt: skip
-    kernels.kda_chunk_scan_kernel[(V // scan.block_v, n_states * HV, scalars["NSEG"])](
+        h0 = _segment_starts(call, tiles, scan, seq_chunk, n_states, scalars, tile.fp32_dot)
+    _launch(
+        scan_launch(scan), (V // scan.block_v, n_states * HV, scalars["NSEG"]),
         *tiles, o, h0, ht, hs, seq_chunk, call.cu_seqlens, **scalars,
-        USE_H0=call.initial_state is not None, STORE_HT=ht is not None, STORE_HS=hs is not None,
-        SEG=seg, num_warps=scan.num_warps, num_stages=scan.num_stages, **scan_args,
     )  # fmt: skip
     return o, ht, hs
 
 
-def _segment_starts(call: Call, tiles, scan, seq_chunk, n_states, scalars, scan_args, fp32_dot):
+def _segment_starts(call: Call, tiles, scan, seq_chunk, n_states, scalars, fp32_dot):
     """Sequence-parallel scan, passes 1 and 2: each segment's affine map, then the serial chain
     over segments. Returns the start states [N, NSEG, HV, K, V] fp32."""
-    HV, K, V = call.v.shape[2], scan_args["K"], scan_args["V"]
+    HV, K, V = call.v.shape[2], call.k.shape[-1], call.v.shape[-1]
     # runtime_args.segment_count: from shapes alone; segments past a sequence's end do nothing.
     n_seg = scalars["NSEG"]
     dev = call.q.device
     seg_map = torch.empty((n_states, n_seg, HV, K, K + V), dtype=torch.float32, device=dev)
     starts = torch.empty((n_states, n_seg, HV, K, V), dtype=torch.float32, device=dev)
-    kernels.kda_segment_map_kernel[((K + V) // scan.block_v, n_states * HV, n_seg)](
+    _launch(
+        segment_map_launch(scan), ((K + V) // scan.block_v, n_states * HV, n_seg),
         *tiles, seg_map, seq_chunk, call.cu_seqlens, **scalars,
-        SEG=scan.segment_chunks, num_warps=scan.num_warps, num_stages=scan.num_stages,
-        **{k: scan_args[k] for k in ("K", "V", "C", "BV", "VARLEN")},
     )  # fmt: skip
-    kernels.kda_segment_combine_kernel[(V // scan.block_v, n_states * HV)](
+    _launch(
+        segment_combine_launch(scan, fp32_dot), (V // scan.block_v, n_states * HV),
         seg_map, starts, call.initial_state, seq_chunk, call.cu_seqlens, **scalars,
-        USE_H0=call.initial_state is not None, SEG=scan.segment_chunks, FP32_DOT=fp32_dot,
-        num_warps=4, num_stages=1, **scan_args,
     )  # fmt: skip
     return starts
 
@@ -166,15 +165,12 @@ def run_fused(call: Call, spec):
     """The fused kernel alone. Returns (o, final_state, chunk_states)."""
     tile = spec.tile
     seq_chunk, _, nc = chunk_tables(call, tile.chunk)
-    HV, V = call.v.shape[2], call.v.shape[-1]
+    HV = call.v.shape[2]
     o, ht, hs = _outputs(call, nc)
     n_states = _n_states(call)
-    kernels.kda_chunk_fused_kernel[(1, n_states * HV)](
+    _launch(
+        fused_launch(spec), (1, n_states * HV),
         *_inputs(call), o, call.initial_state, ht, hs, seq_chunk, call.cu_seqlens,
-        **_common(call), C=tile.chunk, BS=tile.solve_block, BV=V, FP32_DOT=tile.fp32_dot,
-        USE_H0=call.initial_state is not None, STORE_HT=ht is not None, STORE_HS=hs is not None,
-        STATE_VK=call.state_layout == "vk", VARLEN=call.cu_seqlens is not None,
-        num_warps=tile.num_warps, num_stages=1,
-        ABLATE_SCAN=spec.ablate_scan, ANCHOR=kernels.ANCHORS[tile.anchor],
+        **_scalars(call),
     )  # fmt: skip
     return o, ht, hs
