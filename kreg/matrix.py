@@ -30,7 +30,11 @@ VERIFICATION = {
     "gpu": "GPU-verified (numerics run on hardware by the GPU lane)",
     "compile": "compiled + golden-hashed (never executed here)",
 }
-INTERPRETER = "interpreter-verified (CPU)"
+# CPU runs select specs with this target's rules (the interpreter has no target of its own), so
+# only its row can claim interpreter coverage of the specs it would pick.
+INTERPRETER_TARGET = "sm90"
+INTERPRETER = "interpreter-verified (CPU, fp16/fp32, on the specs this target selects)"
+NOT_INTERPRETED = f"its own specs never run (the interpreter lane runs {INTERPRETER_TARGET}'s)"
 
 
 def default_path() -> Path:
@@ -213,9 +217,10 @@ def candidate_row(registry, c: Candidate, target: Target, golden_counts: dict) -
     probe = probes().get(c.problem_type)
     if probe is not None:
         cells, features, unclaimed = _probe(c, target, valid_specs, enumerated, probe)
-    verification = "; ".join(
-        [VERIFICATION.get(target.verification, target.verification), INTERPRETER]
-    )
+    verification = "; ".join([
+        VERIFICATION.get(target.verification, target.verification),
+        INTERPRETER if target.name == INTERPRETER_TARGET else NOT_INTERPRETED,
+    ])  # fmt: skip
     return Row(
         **base, supported=True, opt_in=c.opt_in, opt_in_reason=c.opt_in_reason,
         enumerated=len(enumerated), valid=len(valid_specs),
@@ -325,8 +330,9 @@ def render(registry, rows: list[Row] | None = None) -> str:
         "/ rejected by the hardware rules alone. Verification says how this project checks the "
         "target: GPU-verified (numerics run on hardware by the GPU lane), compiled + "
         "golden-hashed (normalised IR pinned in `golden/ir_sha256.json`, never executed here), "
-        "and, on every target, interpreter-verified (the kernels' numerics run on CPU under the "
-        "Triton interpreter).",
+        f"and interpreter-verified on {INTERPRETER_TARGET} (the kernels' numerics run on CPU "
+        f"under the Triton interpreter, fp16/fp32 only, with the specs {INTERPRETER_TARGET}'s "
+        "rules select: bf16 and other targets' selections never run there).",
         "",
     ]
     header = ["family", "candidate", "target", "opt-in", *COLUMNS, "specs valid / rejected",

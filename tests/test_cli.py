@@ -161,7 +161,7 @@ def test_user_errors_compile_nothing(testfam, capsys, monkeypatch):
     line too (the compile is faked here)."""
     from kreg.cli import build_cmd
 
-    def compile_all(builders, spec, target):
+    def compile_all(builders, spec, target, problem=None):
         raise RuntimeError("PassManager::run failed\nsome detail")
 
     monkeypatch.setattr(build_cmd, "compile_all", compile_all)

@@ -3,7 +3,7 @@ loop, split == fused bit for bit, causality, varlen == per sequence, the product
 and (where ``fla`` is importable) agreement with ``fla.ops.kda.chunk_kda``.
 
 Skipped without a GPU (``gpu`` marker). The float64 reference is a straight transcription of the
-recurrence (docs: REFERENCE.md section 1) written here in torch, batched over (sequence, value
+recurrence (docs/kda/ALGORITHM.md) written here in torch, batched over (sequence, value
 head) on the GPU: the NumPy oracle would take hours at T = 16384 with 64 heads. Measured figures
 are printed (run with ``-s``) and recorded with ``record_property``.
 """
@@ -262,7 +262,7 @@ def _production_inputs(B, T, H, seed):
 
 
 def _activate(raw, params):
-    """The activations in float64, as REFERENCE.md section 4 states them."""
+    """The activations in float64, as docs/kda/ALGORITHM.md states them."""
     q, k = raw["q"].double(), raw["k"].double()
     q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
     k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)

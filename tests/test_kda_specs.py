@@ -134,7 +134,7 @@ def test_numeric_rule():
 
 
 def test_numeric_rule_applies_with_a_problem_only():
-    spec = S.KdaTileSpec(chunk=32, solve_block=32, fp32_dot="tf32")
+    spec = S.KdaTileSpec(chunk=32, solve_block=32, fp32_dot="tf32", anchor="block")
     assert S.is_valid_tile_spec(spec, SM90).ok  # hardware rules alone
     assert "160 nats" in reasons_of(
         S.is_valid_tile_spec(spec, SM90, problem(gate_lower_bound=-5.0))
