@@ -447,6 +447,18 @@ def test_qk_l2norm_and_beta_sigmoid(dtype):
     check_vs_oracles(_activated(x, l2=True, beta_sig=True), o, ht, chunk=16, tol=TOL[dtype])
 
 
+def test_qk_l2norm_epsilon_on_tiny_rows():
+    """Rows of norm 1e-3 (squared norm 1e-6, the epsilon's size): the kernel's x / sqrt(sum x^2 +
+    1e-6) must match the oracle's to fp32 tolerance; another epsilon moves them by 2x or more."""
+    x = make(T=40, K=32, V=32, H=1, dtype=FP32, seed=26)
+    gen = torch.Generator().manual_seed(3)
+    for name in ("q", "k"):
+        r = torch.randn(x[name].shape, generator=gen)
+        x[name] = 1e-3 * r / r.norm(dim=-1, keepdim=True)
+    o, ht = run(x, chunk=16, use_qk_l2norm=True, output_final_state=True)
+    check_vs_oracles(_activated(x, l2=True), o, ht, chunk=16, tol=TOL[FP32])
+
+
 def test_production_argument_set():
     """sigmoid_bound gate with A_log/dt_bias, qk L2 norm, beta sigmoid, fp32 initial state,
     final state, varlen, through the public entry (dispatcher's spec)."""
