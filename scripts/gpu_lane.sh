@@ -17,6 +17,9 @@ par=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${GPU_LANE_WORKERS:-4}")
 timeout "${GPU_LANE_TIMEOUT:-380}" python3 -m pytest -m gpu -q -rP $par -p no:cacheprovider \
   --junitxml="$OUT/gpu_lane.xml" 2>&1 | tee "$OUT/gpu_lane.log"
 rc=${PIPESTATUS[0]}
+# the gate paths like with like against fla (default/default, bounded/safe_gate), extremes
+[ "${SKIP_GATE_PATHS:-0}" = 1 ] ||
+  timeout "${GATE_PATHS_TIMEOUT:-400}" python3 benchmarks/kda_gate_paths.py --out "$OUT" 2>&1 | tee "$OUT/gate_paths.log"
 [ "${SKIP_CASE_STUDY:-0}" = 1 ] ||
   timeout "${CASE_STUDY_TIMEOUT:-190}" python3 benchmarks/kda_case_study.py --out "$OUT" 2>&1 | tee "$OUT/case_study.log"
 exit "$rc"
