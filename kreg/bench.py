@@ -699,7 +699,7 @@ def _err_text(row: dict, ref: str) -> str:
 
 LEGACY_NOTE = (
     "**Measured before the like-with-like pairing (2026-12-03 audit).** Each case here has one "
-    "peer row and every \"× peer\" is taken against it, whatever promise about the gates each "
+    'peer row and every "× peer" is taken against it, whatever promise about the gates each '
     "row made: for `kda`, kreg's rows ran bounded (`gate_lower_bound=-5.0`, the block anchor) "
     "while the `fla` row of the plain cases is fla-core's unbounded default `chunk_kda(...)` "
     "(only the production cases pair bounded with bounded: `safe_gate=True, "
@@ -837,9 +837,10 @@ def markdown(results: dict, plot_name: str | None = None) -> str:
         "× peer: the \"peer\" column's ms over the row's ms"
         + (" (the peer of the row's pair; peer rows have none)" if paired else "")
         + ". rel err vs ref 1 / ref 2: against the case's references, "
-        + "; ".join(f"{', '.join(refs)}" + (f" ({', '.join(names)})" if len(names) < len(cases)
-                                               else "")
-                    for refs, names in _refs_by(cases).items())  # fmt: skip
+        + "; ".join(
+            f"{', '.join(refs)}" + (f" ({', '.join(names)})" if len(names) < len(cases) else "")
+            for refs, names in _refs_by(cases).items()
+        )  # fmt: skip
         + "."
     )
     lines.append("")
@@ -1018,7 +1019,8 @@ def summary(results: dict) -> str:
              for p in c.get("pairs", [])}  # fmt: skip
     if pairs:
         head += "\nratios within like-with-like pairs: " + "; ".join(
-            f"{label}: {impl} vs {peer}" for label, impl, peer in sorted(pairs))
+            f"{label}: {impl} vs {peer}" for label, impl, peer in sorted(pairs)
+        )
     elif results.get("cases"):
         head += "\nmeasured before the like-with-like pairing (2026-12-03 audit): one peer per case"
     return head + "\n" + table(rows, ["case", *names])
