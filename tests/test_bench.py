@@ -588,13 +588,16 @@ def test_gpu_smoke(tmp_path):
         [case], impls=["kreg.split", "kreg.fused"], quick=True, progress=False, workers=1
     )
     rows = {r["impl"]: r for r in results["cases"][0]["rows"]}
-    assert set(rows) == {"kreg.split", "kreg.fused"}
+    # --impls matches by substring: both kreg.split rows (default, bounded) and the fused one
+    assert set(rows) == {"kreg.split", "kreg.split.bounded", "kreg.fused.bounded"}
+    assert rows["kreg.split"]["info"]["gate_lower_bound"] is None
+    assert rows["kreg.split.bounded"]["rel_err"]["kreg.split"]["o"] < 1e-2
     for r in rows.values():
         assert "error" not in r, r
         assert r["ms"] > 0 and r["host_us"] > 0 and r["peak_extra_bytes"] >= 0
         assert r["method"] in ("cuda_graph", "do_bench")
-    assert rows["kreg.fused"]["rel_err"]["kreg.split"]["o"] < 1e-2
-    assert not rows["kreg.fused"]["flagged"]
+    assert rows["kreg.fused.bounded"]["rel_err"]["kreg.split"]["o"] < 1e-2
+    assert not rows["kreg.fused.bounded"]["flagged"]
     assert results["copy_gbs"] > 100
     written = bench.write_results(results, tmp_path)
     assert (tmp_path / "results.json").is_file() and written["md"].is_file()
