@@ -6,7 +6,9 @@ A family contributes a :class:`~kreg.registry.model.Scenario` whose ``cases()`` 
 of one case on the device and returns a :class:`Prepared`: the implementations to time (each a
 closure over those inputs, host work done up front), how to read named outputs from a return
 value, which implementations are the references every other one is checked against, and which
-one is the peer the speed ratio is taken against.
+one is the peer the speed ratio is taken against: one per case (``Prepared.peer``), or one per
+row (``Impl.peer``) when a case times like-with-like pairs (``Prepared.pairs``: a kreg row and
+the peer row called with the same promise, each ratio taken within its pair).
 
 Per case the runner (1) calls every implementation twice (compilation, autotuning and
 allocator warm-up stay out of every measurement) and compares the named outputs by relative
@@ -71,6 +73,7 @@ class Impl:
     call: Callable[[], Any] | None = None  # the public call for host overhead (default: run)
     info: Mapping[str, Any] = attrs.field(factory=dict)  # JSON-able (spec, arguments, ...)
     graph: bool = True  # try CUDA-graph capture for the timing
+    peer: str | None = None  # the row this one's ratio is taken against (None: Prepared.peer)
 
 
 @attrs.frozen
@@ -81,6 +84,17 @@ class Skip:
     reason: str
 
 
+@attrs.frozen
+class Pair:
+    """A like-with-like pair: a kreg row and the peer row that makes the same promise about
+    its inputs; the kreg row's "× peer" is the peer's ms over its ms."""
+
+    label: str  # e.g. "default", "bounded"
+    impl: str  # the kreg row
+    peer: str  # the peer row
+    text: str = ""  # what the two rows call, for the rendered page
+
+
 @attrs.frozen(eq=False)
 class Prepared:
     impls: Sequence[Impl | Skip]
@@ -88,6 +102,11 @@ class Prepared:
     references: tuple[str, ...] = ()  # impl names the others are compared against
     peer: str | None = None  # impl name of the peer: ratio = peer ms / impl ms
     notes: tuple[str, ...] = ()
+    pairs: tuple[Pair, ...] = attrs.field(default=(), converter=tuple)
+
+
+class ResultsError(ValueError):
+    """A file that is not a kreg bench results file (what is wrong, in one line)."""
 
 
 class BenchError(RuntimeError):
@@ -562,10 +581,18 @@ def _run_case(case, prepare, target, device, timer, budget, patterns, copy_gbs, 
         _release(torch)
 
     peer = prepared.peer
-    peer_ms = next((r["ms"] for r in out["rows"] if r["impl"] == peer and "ms" in r), None)
+    ms = {r["impl"]: r["ms"] for r in out["rows"] if r.get("ms")}
+    peer_of = {i.name: i.peer or peer for i in timed}
+    pair_peers = {p.peer for p in prepared.pairs}
     for r in out["rows"]:
+        # a peer row of a pair is the measure of the others, not measured against one
+        row_peer = None if r["impl"] in pair_peers else peer_of.get(r["impl"])
+        r["peer"] = row_peer
+        peer_ms = ms.get(row_peer) if row_peer else None
         r["vs_peer"] = peer_ms / r["ms"] if peer_ms and r.get("ms") else None
     out["peer"] = peer
+    out["references"] = list(prepared.references)
+    out["pairs"] = [attrs.asdict(p) for p in prepared.pairs]
     out["elapsed_s"] = time.perf_counter() - t0
     del prepared, runnable, timed, refs, warm
     _release(torch)
@@ -630,7 +657,11 @@ def _json_default(x):
 def render(json_path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> dict:
     """Regenerate RESULTS.md (and the plot) from a results JSON."""
     json_path = Path(json_path)
-    results = json.loads(json_path.read_text())
+    try:
+        results = json.loads(json_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ResultsError(f"not JSON ({e})") from e
+    validate_results(results)
     out = Path(out_dir) if out_dir is not None else json_path.parent
     out.mkdir(parents=True, exist_ok=True)
     written = {}
@@ -666,24 +697,55 @@ def _err_text(row: dict, ref: str) -> str:
     return ", ".join(parts)
 
 
+LEGACY_NOTE = (
+    "**Measured before the like-with-like pairing (2026-12-03 audit).** Each case here has one "
+    'peer row and every "× peer" is taken against it, whatever promise about the gates each '
+    "row made: for `kda`, kreg's rows ran bounded (`gate_lower_bound=-5.0`, the block anchor) "
+    "while the `fla` row of the plain cases is fla-core's unbounded default `chunk_kda(...)` "
+    "(only the production cases pair bounded with bounded: `safe_gate=True, "
+    "lower_bound=-5.0`). Those ratios are not like with like; a rerun of the scenario times "
+    "kreg default against fla default and kreg bounded against fla `safe_gate` side by side."
+)
+
 TABLE_HEADER = [
     "case", "impl", "ms", "TFLOP/s", "GB/s", "% copy BW", "host µs", "extra MiB",
-    "× peer", "rel err vs kreg.split", "rel err vs peer", "timing",
+    "× peer", "peer", "rel err vs ref 1", "rel err vs ref 2", "timing",
 ]  # fmt: skip
+PAIR_HEADER = ["case", "pair", "kreg row", "kreg ms", "peer row", "peer ms", "× peer"]
+
+
+def is_paired(results: dict) -> bool:
+    """Whether the results come from the like-with-like runner (cases record their pairs)."""
+    cases = results.get("cases") or []
+    return any("pairs" in c for c in cases)
+
+
+def _references(case: dict) -> list[str]:
+    refs = case.get("references")
+    if refs is None:  # results written before cases recorded them
+        refs = ["kreg.split"] + ([case["peer"]] if case.get("peer") else [])
+    return list(refs)
+
+
+def _row_peer(case: dict, row: dict) -> str | None:
+    return row["peer"] if "peer" in row else case.get("peer")
 
 
 def table_rows(results: dict) -> list[list[str]]:
     rows = []
     for case in results.get("cases", []):
-        peer = case.get("peer")
+        refs = _references(case) + [None, None]
         first = True
         for r in case["rows"]:
             name = case["name"] if first else ""
             first = False
             if "error" in r and "ms" not in r:
-                rows.append([name, r["impl"], "failed: " + r["error"]] + [""] * 9)
+                rows.append([name, r["impl"], "failed: " + r["error"]]
+                            + [""] * (len(TABLE_HEADER) - 3))  # fmt: skip
                 continue
             frac = r.get("bw_fraction")
+            ratio = r.get("vs_peer")
+            peer = _row_peer(case, r)
             rows.append([
                 name, r["impl"] + (" ⚠" if r.get("flagged") else ""), _fmt(r.get("ms"), ".3f"),
                 _fmt(r.get("tflops"), ".1f"), _fmt(r.get("gbs"), ".0f"),
@@ -691,11 +753,39 @@ def table_rows(results: dict) -> list[list[str]]:
                 _fmt(r.get("host_us"), ".0f"),
                 _fmt(None if r.get("peak_extra_bytes") is None
                      else r["peak_extra_bytes"] / 2**20, ".0f"),
-                _fmt(r.get("vs_peer"), ".2f"),
-                _err_text(r, "kreg.split"), _err_text(r, peer) if peer else "–",
+                _fmt(ratio, ".2f"), peer if ratio is not None and peer else "–",
+                _err_text(r, refs[0]) if refs[0] else "–",
+                _err_text(r, refs[1]) if refs[1] else "–",
                 r.get("method", "–"),
             ])  # fmt: skip
     return rows
+
+
+def pair_rows(results: dict) -> list[list[str]]:
+    """One row per case and like-with-like pair: both rows' ms and the ratio within the pair."""
+    rows = []
+    for case in results.get("cases", []):
+        by = {r["impl"]: r for r in case["rows"]}
+        first = True
+        for p in case.get("pairs", []):
+            a, b = by.get(p["impl"], {}), by.get(p["peer"], {})
+            ms_a, ms_b = a.get("ms"), b.get("ms")
+            ratio = ms_b / ms_a if ms_a and ms_b else None
+            rows.append([
+                case["name"] if first else "", p["label"],
+                p["impl"] + (" ⚠" if a.get("flagged") else ""),
+                _fmt(ms_a, ".3f", "not timed"), p["peer"] + (" ⚠" if b.get("flagged") else ""),
+                _fmt(ms_b, ".3f", "not timed"),
+                _fmt(ratio, ".2f") + (f" ({p['peer']} / {p['impl']})" if ratio else ""),
+            ])  # fmt: skip
+            first = False
+    return rows
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    return out
 
 
 def markdown(results: dict, plot_name: str | None = None) -> str:
@@ -709,6 +799,9 @@ def markdown(results: dict, plot_name: str | None = None) -> str:
             "",
         ]
         return "\n".join(lines)
+    paired = is_paired(results)
+    if not paired:
+        lines += [LEGACY_NOTE, ""]
     lines.append(
         f"Measured {key.get('date', '?')} on {key.get('device', '?')} (target "
         f"{key.get('target', '?')}), torch {key.get('torch', '?')}, Triton "
@@ -722,10 +815,34 @@ def markdown(results: dict, plot_name: str | None = None) -> str:
         + "."
     )
     lines.append("")
-    lines.append("| " + " | ".join(TABLE_HEADER) + " |")
-    lines.append("|" + "|".join("---" for _ in TABLE_HEADER) + "|")
-    for row in table_rows(results):
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+    cases = results["cases"]
+    prs = pair_rows(results)
+    if prs:
+        lines += ["### Like with like", "",
+                  "Every ratio is taken within one pair, on the same inputs: the peer row's ms "
+                  "over the kreg row's ms (above 1: kreg is faster). The pairs:", ""]  # fmt: skip
+        described = [(c["name"], f"**{p['label']}**: `{p['impl']}` against `{p['peer']}`"
+                      + (f": {p['text']}" if p.get("text") else ""))
+                     for c in cases for p in c.get("pairs", [])]  # fmt: skip
+        lines += _grouped(described, len(cases))
+        unpaired = [c["name"] for c in cases if not c.get("pairs")]
+        if unpaired:
+            lines.append(f"- no pair timed: {', '.join(unpaired)}")
+        lines.append("")
+        lines += _md_table(PAIR_HEADER, prs)
+        lines += ["", "### Every row", ""]
+    lines += _md_table(TABLE_HEADER, table_rows(results))
+    lines.append("")
+    lines.append(
+        "× peer: the \"peer\" column's ms over the row's ms"
+        + (" (the peer of the row's pair; peer rows have none)" if paired else "")
+        + ". rel err vs ref 1 / ref 2: against the case's references, "
+        + "; ".join(
+            f"{', '.join(refs)}" + (f" ({', '.join(names)})" if len(names) < len(cases) else "")
+            for refs, names in _refs_by(cases).items()
+        )  # fmt: skip
+        + "."
+    )
     lines.append("")
     lines.append(f"⚠: a relative RMS error above {results.get('flag_rel_err', FLAG_REL_ERR):g} "
                  "against a reference (or a non-finite output).")  # fmt: skip
@@ -735,6 +852,47 @@ def markdown(results: dict, plot_name: str | None = None) -> str:
                   f"![time per token·head against B·H]({plot_name})"]  # fmt: skip
     lines.append("")
     return "\n".join(lines)
+
+
+def _refs_by(cases) -> dict[tuple[str, ...], list[str]]:
+    by: dict[tuple[str, ...], list[str]] = {}
+    for c in cases:
+        by.setdefault(tuple(f"ref {i + 1} = {r}" for i, r in enumerate(_references(c))),
+                      []).append(c["name"])  # fmt: skip
+    return by
+
+
+def validate_results(results: Any) -> dict:
+    """``results`` if it has the shape :func:`markdown` reads, else :class:`ResultsError`."""
+    if not isinstance(results, dict):
+        raise ResultsError(f"expected a JSON object, got {type(results).__name__}")
+    cases = results.get("cases", [])
+    if not isinstance(cases, list):
+        raise ResultsError(f"'cases' must be a list, got {type(cases).__name__}")
+    for i, case in enumerate(cases):
+        if not isinstance(case, dict):
+            raise ResultsError(f"cases[{i}] must be an object, got {type(case).__name__}")
+        for field, kind in (("name", str), ("rows", list)):
+            if not isinstance(case.get(field), kind):
+                raise ResultsError(f"cases[{i}] lacks {field!r} ({kind.__name__})")
+        for j, row in enumerate(case["rows"]):
+            if not isinstance(row, dict) or not isinstance(row.get("impl"), str):
+                raise ResultsError(f"cases[{i}].rows[{j}] must be an object with an 'impl'")
+        for field in ("pairs", "skipped", "notes", "tags"):
+            if not isinstance(case.get(field, []), list):
+                raise ResultsError(f"cases[{i}].{field} must be a list")
+        for j, sk in enumerate(case.get("skipped", [])):
+            if not isinstance(sk, dict) or not all(isinstance(sk.get(k), str)
+                                                   for k in ("impl", "reason")):  # fmt: skip
+                raise ResultsError(f"cases[{i}].skipped[{j}] needs 'impl' and 'reason'")
+        for j, p in enumerate(case.get("pairs", [])):
+            if not isinstance(p, dict) or not all(isinstance(p.get(k), str)
+                                                  for k in ("label", "impl", "peer")):  # fmt: skip
+                raise ResultsError(f"cases[{i}].pairs[{j}] needs 'label', 'impl' and 'peer'")
+    for field in ("key", "meta"):
+        if not isinstance(results.get(field, {}), dict):
+            raise ResultsError(f"{field!r} must be an object")
+    return results
 
 
 def _precompile_text(pre) -> str:
@@ -804,10 +962,12 @@ def plot_sweep(results: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
+    peers = {c.get("peer") for c in results.get("cases", [])}
+    peers |= {p["peer"] for c in results.get("cases", []) for p in c.get("pairs", [])}
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for name, pts in series.items():
         xs, ys = zip(*pts, strict=True)
-        style = "--" if name == results.get("cases", [{}])[0].get("peer") else "-"
+        style = "--" if name in peers else "-"
         ax.plot(xs, ys, style, marker="o", label=name)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -849,11 +1009,18 @@ def summary(results: dict) -> str:
             elif r.get("ms") is None:
                 cells.append("failed")
             else:
-                ratio = (
-                    f" ({r['vs_peer']:.2f}x)" if r.get("vs_peer") and n != case.get("peer") else ""
-                )
+                peer = _row_peer(case, r)
+                ratio = f" ({r['vs_peer']:.2f}x)" if r.get("vs_peer") and n != peer else ""
                 cells.append(f"{r['ms']:.3f}{ratio}{' !' if r.get('flagged') else ''}")
         rows.append(cells)
     head = "ms per call (x = peer ms / impl ms; ! = rel err > "
     head += f"{results.get('flag_rel_err', FLAG_REL_ERR):g})"
+    pairs = {(p["label"], p["impl"], p["peer"]) for c in results.get("cases", [])
+             for p in c.get("pairs", [])}  # fmt: skip
+    if pairs:
+        head += "\nratios within like-with-like pairs: " + "; ".join(
+            f"{label}: {impl} vs {peer}" for label, impl, peer in sorted(pairs)
+        )
+    elif results.get("cases"):
+        head += "\nmeasured before the like-with-like pairing (2026-12-03 audit): one peer per case"
     return head + "\n" + table(rows, ["case", *names])

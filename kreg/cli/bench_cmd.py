@@ -1,6 +1,6 @@
 """``kreg bench``: run a registered benchmark scenario, list scenarios, or render results.
 
-kreg bench --list [SCENARIO]                 scenarios, their cases and implementations (CPU)
+kreg bench --list [SCENARIO] [--json]        scenarios, their cases and implementations (CPU)
 kreg bench SCENARIO [--cases SUBSTR...] [--impls NAME...] [--out DIR] [--quick]   (GPU)
 kreg bench --render results.json [--out DIR] RESULTS.md and the plot from a results JSON
 """
@@ -11,13 +11,14 @@ import datetime
 import sys
 from pathlib import Path
 
-from ._util import CliError, registry, table
+from ._util import CliError, dump_json, jsonable, registry, table
 
 
 def add_parser(subparsers):
     p = subparsers.add_parser("bench", help="run, list or render benchmark scenarios")
     p.add_argument("scenario", nargs="?", help="scenario name, e.g. kda")
     p.add_argument("--list", action="store_true", help="list scenarios, cases, implementations")
+    p.add_argument("--json", action="store_true", help="with --list: print JSON")
     p.add_argument("--cases", nargs="+", metavar="SUBSTR", help="only cases whose name contains")
     p.add_argument("--impls", nargs="+", metavar="NAME",
                    help="only implementations named (or whose name contains) these")  # fmt: skip
@@ -39,17 +40,21 @@ def _scenario(name: str):
     return scenarios[name]
 
 
-def _cases(scenario, substrings):
+def _cases(scenario, substrings, *, allow_empty: bool = False):
     from kreg.bench import filter_cases
 
-    cases = filter_cases(list(scenario.cases()), substrings)
-    if not cases:
-        raise CliError(f"no case of scenario {scenario.name!r} matches {' '.join(substrings)!r}; "
-                       f"see `kreg bench --list {scenario.name}`")  # fmt: skip
+    cases = filter_cases(list(scenario.cases() or ()), substrings)
+    if not cases and not allow_empty:
+        if substrings:
+            raise CliError(f"no case of scenario {scenario.name!r} matches "
+                           f"{' '.join(substrings)!r}; see `kreg bench --list {scenario.name}`")  # fmt: skip
+        raise CliError(f"scenario {scenario.name!r} has no cases")
     return cases
 
 
 def run(args) -> int:
+    if args.json and not args.list:
+        raise CliError("--json goes with --list")
     if args.render:
         return _render(args)
     if args.list:
@@ -60,19 +65,40 @@ def run(args) -> int:
 
 
 def _list(args) -> int:
-    scenarios = [_scenario(args.scenario)] if args.scenario else list(registry().scenarios.values())
+    named = bool(args.scenario)
+    scenarios = [_scenario(args.scenario)] if named else list(registry().scenarios.values())
+    # a named scenario must match --cases; listing them all shows which ones match nothing
+    listed = [(s, _cases(s, args.cases, allow_empty=not (named and args.cases)))
+              for s in scenarios]  # fmt: skip
+    if args.json:
+        print(dump_json([_scenario_json(s, cases) for s, cases in listed]))
+        return 0
     if not scenarios:
         print("no scenarios registered")
         return 0
     out = []
-    for s in scenarios:
-        cases = _cases(s, args.cases)
+    for s, cases in listed:
         out.append(f"{s.name} (family {s.family}): {s.description}")
-        rows = [[c.name, c.bh, c.tokens, ",".join(c.tags), ", ".join(c.impls)] for c in cases]
-        out.append(table(rows, ["case", "B·H", "tokens", "tags", "implementations"], "  "))
+        if not cases:
+            out.append("  (no cases" + (f" match {' '.join(args.cases)!r})" if args.cases
+                                        else ")"))  # fmt: skip
+        else:
+            rows = [[c.name, c.bh, c.tokens, ",".join(c.tags or ()), ", ".join(c.impls or ())]
+                    for c in cases]  # fmt: skip
+            out.append(table(rows, ["case", "B·H", "tokens", "tags", "implementations"], "  "))
         out.append("")
     print("\n".join(out).rstrip())
     return 0
+
+
+def _scenario_json(scenario, cases) -> dict:
+    return {
+        "name": scenario.name, "family": scenario.family, "description": scenario.description,
+        "cases": [{"name": c.name, "description": c.description, "params": jsonable(dict(c.params)),
+                   "tags": list(c.tags or ()), "impls": list(c.impls or ()), "bh": c.bh,
+                   "tokens": c.tokens, "heads": c.heads, "flops": c.flops, "bytes": c.bytes}
+                  for c in cases],
+    }  # fmt: skip
 
 
 def _render(args) -> int:
@@ -83,7 +109,7 @@ def _render(args) -> int:
         raise CliError(f"--render: no such file {str(path)!r}")
     try:
         written = render(path, args.out)
-    except (ValueError, KeyError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # ResultsError is a ValueError
         raise CliError(f"--render: {path} is not a kreg bench results file ({e})") from e
     for kind, p in written.items():
         print(f"wrote {p} ({kind})")

@@ -1,9 +1,12 @@
 """The KDA benchmark scenario ``kda`` (run by ``kreg bench kda``).
 
-Cases are K = V = 128, bf16, gate lower bound -5, HV = H; implementations per case are the
-dispatcher's split selection, the fused candidate (pinned, opt-in), up to three other valid split
-specs, and the peer ``fla.ops.kda.chunk_kda`` (fla-core) when it is importable. See
-:data:`HARNESS_DOC` (rendered at the top of docs/kda/RESULTS.md) for the method and formulas.
+Cases are K = V = 128, bf16, gates within [-5, 0), HV = H. Each case times like-with-like
+pairs on the same inputs: kreg's default (``gate_lower_bound=None``) against fla-core's default
+``chunk_kda(...)``, and kreg bounded (``gate_lower_bound=-5.0``) against
+``chunk_kda(..., safe_gate=True, lower_bound=-5.0)``; the production argument set
+(``gate_activation="sigmoid_bound"``, which needs its bound) has the bounded pair only. Beside
+them: the fused candidate (pinned, opt-in) and up to three other valid split specs, bounded.
+See :data:`HARNESS_DOC` (rendered at the top of docs/kda/RESULTS.md) for the method and formulas.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import zlib
 
 import attrs
 
-from kreg.bench import BenchCase, Impl, Prepared, Skip, run_cases
+from kreg.bench import BenchCase, Impl, Pair, Prepared, Skip, run_cases
 
 HEAD_DIM = 128
 LOWER_BOUND = -5.0
@@ -25,7 +28,14 @@ SWEEP_T = 8192
 SWEEP_BH = ((1, 4), (1, 8), (1, 16), (1, 32), (2, 32), (4, 32), (8, 32), (16, 32))
 VARLEN_LENGTHS = (1300, 547, 2048, 963, 271, 3063)
 VARLEN_H = 32
-PEER = "fla"
+PEER = "fla"  # fla-core's default chunk_kda: the peer of kreg's default
+SAFE_PEER = "fla.safe_gate"  # chunk_kda(..., safe_gate=True, lower_bound=-5): of kreg bounded
+KREG_DEFAULT = "kreg.split"  # kda_prefill default (gate_lower_bound=None): the safe anchor
+KREG_BOUNDED = "kreg.split.bounded"  # kda_prefill(gate_lower_bound=-5.0): the block anchor
+FUSED = "kreg.fused.bounded"  # the opt-in fused candidate, bounded
+VARIANT_PREFIX = "split.bounded"  # other split specs of the bounded problem: split.bounded[...]
+PAIR_DEFAULT = "default"
+PAIR_BOUNDED = "bounded"
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 MAX_VARIANTS = 3
 
@@ -46,7 +56,21 @@ kreg bench --list                             # the cases and implementations (n
 For the peer, install fla-core 0.6.0 (`pip install fla-core==0.6.0`, or the wheel in `.whl/`);
 without it the peer rows are skipped with a note.
 
-**Cases.** K = V = 128, bf16 activations, gate lower bound -5, HV = H:
+**Like with like.** A promise about the gates buys speed on both sides, so every kreg row is
+measured against the fla-core call that makes the same promise, on the same inputs (whose
+gates lie within [-5, 0), so all four calls serve them exactly):
+
+| pair | kreg row | peer row |
+|---|---|---|
+| default | `{KREG_DEFAULT}`: `kda_prefill(...)`, `gate_lower_bound=None` (any gate, exact; the safe anchor) | `{PEER}`: `chunk_kda(...)`, fla-core's default |
+| bounded | `{KREG_BOUNDED}`: `kda_prefill(..., gate_lower_bound=-5.0)` (the promise admits the block anchor) | `{SAFE_PEER}`: `chunk_kda(..., safe_gate=True, lower_bound=-5.0)` |
+
+The production argument set is bounded by construction (`gate_activation="sigmoid_bound"` needs
+its bound), so it has the bounded pair only, against fla-core's equivalent call
+(`use_gate_in_kernel=True, safe_gate=True, lower_bound=-5.0` with `A_log` and `dt_bias`).
+× peer is always taken within a pair: fla default / kreg default, fla `safe_gate` / kreg bounded.
+
+**Cases.** K = V = 128, bf16 activations, gates within [-5, 0), HV = H:
 B×T×H = 1×2048×32, 1×8192×32, 4×8192×32, 16×8192×32, 1×65536×4, 1×65536×32; a B·H sweep at
 T = 8192 over (B, H) = {", ".join(f"({b},{h})" for b, h in SWEEP_BH)} (B·H 4 to 512, shared
 with the cases above); a varlen batch of lengths {", ".join(map(str, VARLEN_LENGTHS))} packed as
@@ -62,36 +86,42 @@ v ~ N(0, 1); g = -5·sigmoid(exp(A_log)·(x + dt_bias)) with x ~ N(0, 1), A_log 
 dt_bias ~ 0.5·N(0, 1) (so -5 ≤ g < 0; the production set passes x, A_log and dt_bias instead);
 beta = sigmoid(N(0, 1)) (the production set passes the logits); initial state 0.1·N(0, 1) fp32.
 
-**Implementations.** `kreg.split`: what the dispatcher selects (`kda_prefill` default);
-`kreg.fused`: the opt-in fused candidate, pinned (`algorithm="kda.fused", allow_opt_in=True`);
-`split[...]`: up to {MAX_VARIANTS} other valid split specs, from
+**Implementations.** `{KREG_DEFAULT}`: what the dispatcher selects for `kda_prefill`'s default
+(`gate_lower_bound=None`; plain cases only); `{KREG_BOUNDED}`: what it selects with
+`gate_lower_bound=-5.0`; `{FUSED}`: the opt-in fused candidate, pinned
+(`algorithm="kda.fused", allow_opt_in=True`), bounded; `{VARIANT_PREFIX}[...]`: up to
+{MAX_VARIANTS} other valid split specs of the bounded problem, from
 `enumerate_split_specs(target)` specialised and validated for the problem (filled up with
 block_v variants of the selected spec when fewer are enumerated), labelled by the fields that
-differ from the selection; `fla`: `fla.ops.kda.chunk_kda` of fla-core with
-`FLA_DISABLE_BACKEND_DISPATCH=1`, under `torch.inference_mode()`, plain cases as
-`chunk_kda(q, k, v, g, beta, scale=K**-0.5, initial_state=None, output_final_state=True,
-cu_seqlens=..., cu_seqlens_cpu=...)` and the production set with `use_qk_l2norm_in_kernel=True,
-use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=-5.0,
-A_log=A_log, dt_bias=dt_bias`.
+differ from the bounded selection. The extra bounded rows are measured against `{SAFE_PEER}`.
+The peer is `fla.ops.kda.chunk_kda` of fla-core with `FLA_DISABLE_BACKEND_DISPATCH=1`, under
+`torch.inference_mode()`: `{PEER}` as `chunk_kda(q, k, v, g, beta, scale=K**-0.5,
+initial_state=None, output_final_state=True, cu_seqlens=..., cu_seqlens_cpu=...)` (plain cases
+only), `{SAFE_PEER}` as the same with `safe_gate=True, lower_bound=-5.0`, and in the production
+set with `use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=-5.0, A_log=A_log,
+dt_bias=dt_bias`.
 
 **Measurement.** Kernels are compiled first, in parallel: worker processes (`--workers`,
 default half the cores, at most 8) call every implementation of every case once, filling
 Triton's on-disk cache (the workers run with `FLA_CACHE_RESULTS=0`, so fla's autotuning choice
 is not made on a shared GPU). Then, case by case in one process, every implementation is called
 twice (loading kernels, fla's autotuning on the idle GPU and allocator warm-up are excluded from
-every figure). Its outputs are then checked against `kreg.split` and `fla`:
+every figure). Its outputs are then checked against the case's references, `{KREG_DEFAULT}`
+and `{PEER}` (in the production set `{KREG_BOUNDED}` and `{SAFE_PEER}`):
 relative RMS error ‖a − b‖/‖b‖ over all elements of o and of the final state, flagged ⚠ above
 1e-2. The kreg rows time the launch path alone (problem and arguments prepared once, the spec
 fixed; the dispatcher's choice is cached anyway). Device time: one call captured in a CUDA graph
 and replayed, the L2 cache flushed (256 MiB zeroed) before every replay, median of at least 50
 replays and 200 ms (`--quick`: 10 replays, 40 ms); an implementation that cannot be captured is
 timed with `triton.testing.do_bench(return_mode="median")` instead (column "timing").
-Host µs: wall clock of one whole public call (`kda_prefill(...)` for kreg.split and kreg.fused,
+Host µs: wall clock of one whole public call (`kda_prefill(...)` for the kreg.* rows,
 argument checks + launch for the split variants, `chunk_kda(...)` for fla) without a
 synchronisation inside the timed region, median of up to 100 calls. Extra MiB: peak device
 memory of one call beyond its inputs and outputs (`max_memory_allocated` after
 `reset_peak_memory_stats`, minus the memory allocated before the call, minus the outputs).
-× peer: fla ms / impl ms (above 1: faster than fla).
+× peer: the ms of the row's peer (its pair's fla row) / the row's ms (above 1: faster than
+that fla call); the fla rows have none.
 
 **Formulas.** Per token and head, with chunk C = {NOMINAL_CHUNK} for every implementation
 (a nominal dense count of the chunkwise algorithm, so TFLOP/s compares like with like):
@@ -135,7 +165,9 @@ def make_case(B: int, T: int, H: int, *, lengths: tuple[int, ...] | None = None,
               production: bool = False, tags=(), name: str | None = None,
               head_dim: int = HEAD_DIM, dtype: str = "bf16",
               target: str = "sm90") -> BenchCase:  # fmt: skip
-    """One KDA case (K = V = 128, bf16, lower bound -5, HV = H); ``lengths`` makes it varlen."""
+    """One KDA case (K = V = 128, bf16, gates within [-5, 0), HV = H); ``lengths`` makes it
+    varlen. ``params["lower_bound"]`` bounds the inputs' gates and is the promise of the
+    bounded rows; the default rows promise nothing (``gate_lower_bound=None``)."""
     if lengths is not None:
         if B != 1 or sum(lengths) != T:
             raise ValueError("varlen: B must be 1 and T the sum of the lengths")
@@ -201,15 +233,23 @@ def cases() -> tuple[BenchCase, ...]:
 # --- problems, selections and spec variants (CPU-safe) ------------------------------------------
 
 
-def problem_of(params) -> object:
+def has_default_pair(params) -> bool:
+    """The production set's ``sigmoid_bound`` needs its bound: it has the bounded pair only."""
+    return not params["production"]
+
+
+def problem_of(params, bounded: bool = True) -> object:
+    """The problem of a case's bounded rows (``bounded=False``: of its default rows)."""
     from kreg.problems import LinearAttentionProblem
 
     lengths = params.get("lengths")
     prod = params["production"]
+    if not bounded and not has_default_pair(params):
+        raise ValueError("the production set (sigmoid_bound) has no unbounded problem")
     return LinearAttentionProblem(
         batch=params["B"], seq_len=params["T"], heads_qk=params["H"], heads_v=params["HV"],
         head_dim_k=params["K"], head_dim_v=params["V"], dtype=params["dtype"],
-        gate_lower_bound=params["lower_bound"],
+        gate_lower_bound=params["lower_bound"] if bounded else None,
         gate_activation="sigmoid_bound" if prod else "none", qk_l2norm=prod, beta_sigmoid=prod,
         initial_state=prod, state_dtype="fp32", output_final_state=True,
         varlen=bool(lengths), num_seqs=len(lengths) if lengths else params["B"],
@@ -252,7 +292,7 @@ def spec_diff(spec, base) -> dict[str, object]:
 def spec_label(spec, base) -> str:
     diff = spec_diff(spec, base)
     parts = [f"{_SHORT.get(k, k)}={v}" for k, v in diff.items()]
-    return "split[" + ",".join(parts) + "]"
+    return VARIANT_PREFIX + "[" + ",".join(parts) + "]"
 
 
 def spec_text(spec) -> str:
@@ -309,23 +349,54 @@ def split_variants(problem, target, selected, limit: int = MAX_VARIANTS) -> list
     return chosen[:limit]
 
 
+def _kreg_names(candidate: str) -> tuple[str, str]:
+    """(default row, bounded row) names of the dispatcher's selection of ``candidate``."""
+    main = "kreg." + candidate.partition(".")[2]
+    return main, main + ".bounded"
+
+
+def pairs_of(params, default_name: str = KREG_DEFAULT,
+             bounded_name: str = KREG_BOUNDED) -> tuple[Pair, ...]:  # fmt: skip
+    """The like-with-like pairs of a case (see HARNESS_DOC)."""
+    lb = params["lower_bound"]
+    if params["production"]:
+        return (Pair(PAIR_BOUNDED, bounded_name, SAFE_PEER,
+                     f'production arguments, bounded by construction (`gate_activation='
+                     f'"sigmoid_bound"` needs its bound): `kda_prefill(..., '
+                     f'gate_lower_bound={lb})` against fla-core\'s equivalent `chunk_kda(..., '
+                     f'use_gate_in_kernel=True, safe_gate=True, lower_bound={lb}, A_log=..., '
+                     f'dt_bias=...)`; no default pair'),)  # fmt: skip
+    return (
+        Pair(PAIR_DEFAULT, default_name, PEER,
+             "`kda_prefill(...)` (`gate_lower_bound=None`: any gate, exact) against fla-core's "
+             "default `chunk_kda(...)`"),
+        Pair(PAIR_BOUNDED, bounded_name, SAFE_PEER,
+             f"`kda_prefill(..., gate_lower_bound={lb})` against `chunk_kda(..., "
+             f"safe_gate=True, lower_bound={lb})`"),
+    )  # fmt: skip
+
+
 def planned_impls(case: BenchCase, target="sm90") -> tuple[str, ...]:
-    """The implementations a run would time on ``target`` (the peer whenever importable)."""
+    """The implementations a run would time on ``target`` (the peers whenever importable), in
+    the order :func:`prepare` makes them: the pairs first, then the extra bounded rows."""
     from kreg.dispatch import NoCandidateError, select
 
     target = _target(target)
-    problem = problem_of(case.params)
-    names = []
+    params = case.params
+    problem = problem_of(params)
     sel = select(problem, target)
-    names.append("kreg." + sel.candidate.name.partition(".")[2])
+    names = []
+    if has_default_pair(params):
+        dsel = select(problem_of(params, bounded=False), target)
+        names += [_kreg_names(dsel.candidate.name)[0], PEER]
+    names += [_kreg_names(sel.candidate.name)[1], SAFE_PEER]
     try:
         select(problem, target, algorithm="kda.fused", allow_opt_in=True)
-        names.append("kreg.fused")
+        names.append(FUSED)
     except NoCandidateError:
         pass
     if sel.candidate.name == "kda.split":
         names += [spec_label(s, sel.spec) for s in split_variants(problem, target, sel.spec)]
-    names.append(PEER)
     return tuple(names)
 
 
@@ -375,30 +446,39 @@ def make_inputs(params, device, seed: int) -> dict:
     }  # fmt: skip
 
 
-def kreg_kwargs(params, x) -> dict:
-    """Keyword arguments of ``kda_prefill`` for a case's tensors."""
+def kreg_kwargs(params, x, bounded: bool = True) -> dict:
+    """Keyword arguments of ``kda_prefill`` for a case's tensors: the bounded rows' call, or
+    with ``bounded=False`` the default rows' (``gate_lower_bound=None``)."""
     prod = params["production"]
+    if not bounded and not has_default_pair(params):
+        raise ValueError("the production set (sigmoid_bound) needs its bound")
     return dict(
         q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], scale=params["K"] ** -0.5,
         initial_state=x["initial_state"], output_final_state=True,
-        gate_lower_bound=params["lower_bound"], cu_seqlens=x["cu_seqlens"],
+        gate_lower_bound=params["lower_bound"] if bounded else None, cu_seqlens=x["cu_seqlens"],
         cu_seqlens_cpu=x["cu_seqlens_cpu"], A_log=x["A_log"], dt_bias=x["dt_bias"],
         gate_activation="sigmoid_bound" if prod else "none", use_qk_l2norm=prod,
         use_beta_sigmoid=prod,
     )  # fmt: skip
 
 
-def fla_kwargs(params, x) -> dict:
-    """Keyword arguments of fla's ``chunk_kda`` for the same call (see HARNESS_DOC)."""
+def fla_kwargs(params, x, safe_gate: bool = True) -> dict:
+    """Keyword arguments of fla's ``chunk_kda`` making the same promise as kreg's call (see
+    HARNESS_DOC): ``safe_gate=True, lower_bound=...`` for the bounded rows, fla's default call
+    with ``safe_gate=False`` (plain cases only)."""
+    prod = params["production"]
+    if not safe_gate and prod:
+        raise ValueError("the production set (sigmoid_bound) pairs with safe_gate only")
     kw = dict(
         q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], scale=params["K"] ** -0.5,
         initial_state=x["initial_state"], output_final_state=True, cu_seqlens=x["cu_seqlens"],
         cu_seqlens_cpu=x["cu_seqlens_cpu"],
     )  # fmt: skip
-    if params["production"]:
+    if prod:
         kw.update(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                  use_beta_sigmoid_in_kernel=True, safe_gate=True,
-                  lower_bound=params["lower_bound"], A_log=x["A_log"], dt_bias=x["dt_bias"])  # fmt: skip
+                  use_beta_sigmoid_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"])  # fmt: skip
+    if safe_gate:
+        kw.update(safe_gate=True, lower_bound=params["lower_bound"])
     return kw
 
 
@@ -434,7 +514,9 @@ def _seed(name: str) -> int:
 
 
 def prepare(case: BenchCase, target, device) -> Prepared:
-    """Inputs on the device and every implementation of one case."""
+    """Inputs on the device and every implementation of one case: the like-with-like pairs
+    (kreg default / fla default, kreg bounded / fla safe_gate) on the same tensors, then the
+    extra bounded kreg rows."""
     import torch
 
     from kreg.dispatch import NoCandidateError, select
@@ -443,18 +525,12 @@ def prepare(case: BenchCase, target, device) -> Prepared:
 
     params = case.params
     x = make_inputs(params, device, _seed(case.name))
-    kw = kreg_kwargs(params, x)
-    prep_kw = {k: v for k, v in kw.items()}
-    prep_kw.update(state_layout="kv", output_chunk_states=False)
-
-    def prepared():
-        return _prepare(**prep_kw)
-
-    problem, call = prepared()
     impls: list = []
     notes: list[str] = []
 
-    def kreg_impl(name, selection, public):
+    def kreg_impl(name, selection, kw, public, peer):
+        prep_kw = dict(kw, state_layout="kv", output_chunk_states=False)
+        problem, call = _prepare(**prep_kw)
         spec = selection.spec
 
         def run():
@@ -463,44 +539,61 @@ def prepare(case: BenchCase, target, device) -> Prepared:
         def host():
             if public is not None:
                 return public()
-            p, c = prepared()
+            p, c = _prepare(**prep_kw)
             return run_selection(selection, c, p)
 
-        return Impl(name, run=run, call=host,
+        return Impl(name, run=run, call=host, peer=peer,
                     info={"candidate": selection.candidate.name, "spec": spec_text(spec),
-                          "decided_by": selection.decided_by})  # fmt: skip
-
-    sel = select(problem, target)
-    main = "kreg." + sel.candidate.name.partition(".")[2]
-    impls.append(kreg_impl(main, sel, lambda: kda_prefill(**kw, target=target)))
-    try:
-        fsel = select(problem, target, algorithm="kda.fused", allow_opt_in=True)
-        impls.append(kreg_impl("kreg.fused", fsel, lambda: kda_prefill(
-            **kw, algorithm="kda.fused", allow_opt_in=True, target=target)))  # fmt: skip
-    except NoCandidateError as e:
-        impls.append(Skip("kreg.fused", str(e).splitlines()[0]))
-    if sel.candidate.name == "kda.split":
-        for spec in split_variants(problem, target, sel.spec):
-            impls.append(kreg_impl(spec_label(spec, sel.spec), attrs.evolve(sel, spec=spec), None))
+                          "decided_by": selection.decided_by,
+                          "gate_lower_bound": kw["gate_lower_bound"]})  # fmt: skip
 
     chunk_kda, fla_version = load_fla()
-    if chunk_kda is None:
-        impls.append(Skip(PEER, fla_version))
-    else:
-        fkw = fla_kwargs(params, x)
+
+    def fla_impl(name, safe_gate):
+        if chunk_kda is None:
+            return Skip(name, fla_version)
+        fkw = fla_kwargs(params, x, safe_gate=safe_gate)
 
         def run_fla():
             with torch.inference_mode():
                 return chunk_kda(**fkw)
 
-        impls.append(Impl(PEER, run=run_fla, call=run_fla,
-                          info={"version": fla_version, "args": _describe_kwargs(fkw)}))  # fmt: skip
+        return Impl(name, run=run_fla, call=run_fla,
+                    info={"version": fla_version, "args": _describe_kwargs(fkw)})  # fmt: skip
+
+    default_name = bounded_name = None
+    if has_default_pair(params):
+        dkw = kreg_kwargs(params, x, bounded=False)
+        dsel = select(problem_of(params, bounded=False), target)
+        default_name = _kreg_names(dsel.candidate.name)[0]
+        impls.append(kreg_impl(default_name, dsel, dkw,
+                               lambda: kda_prefill(**dkw, target=target), PEER))  # fmt: skip
+        impls.append(fla_impl(PEER, safe_gate=False))
+    kw = kreg_kwargs(params, x)
+    problem = problem_of(params)
+    sel = select(problem, target)
+    bounded_name = _kreg_names(sel.candidate.name)[1]
+    impls.append(kreg_impl(bounded_name, sel, kw, lambda: kda_prefill(**kw, target=target),
+                           SAFE_PEER))  # fmt: skip
+    impls.append(fla_impl(SAFE_PEER, safe_gate=True))
+    try:
+        fsel = select(problem, target, algorithm="kda.fused", allow_opt_in=True)
+        impls.append(kreg_impl(FUSED, fsel, kw, lambda: kda_prefill(
+            **kw, algorithm="kda.fused", allow_opt_in=True, target=target), SAFE_PEER))  # fmt: skip
+    except NoCandidateError as e:
+        impls.append(Skip(FUSED, str(e).splitlines()[0]))
+    if sel.candidate.name == "kda.split":
+        for spec in split_variants(problem, target, sel.spec):
+            impls.append(kreg_impl(spec_label(spec, sel.spec), attrs.evolve(sel, spec=spec), kw,
+                                   None, SAFE_PEER))  # fmt: skip
 
     def outputs(ret):
         return {"o": ret[0], "state": ret[1]}
 
-    return Prepared(impls=impls, outputs=outputs, references=("kreg.split", PEER), peer=PEER,
-                    notes=tuple(notes))  # fmt: skip
+    pairs = pairs_of(params, default_name or KREG_DEFAULT, bounded_name)
+    references = (pairs[0].impl, pairs[0].peer)  # the default pair where there is one
+    return Prepared(impls=impls, outputs=outputs, references=references, peer=pairs[0].peer,
+                    notes=tuple(notes), pairs=pairs)  # fmt: skip
 
 
 def run(bench_cases, **options) -> dict:
@@ -533,7 +626,7 @@ def scenario():
         name="kda",
         family="kda",
         description="KDA prefill, K=V=128 bf16: shapes, B·H sweep, varlen, production set; "
-        "kreg split/fused/spec variants vs fla-core chunk_kda",
+        "kreg default vs fla default, kreg bounded (and fused, spec variants) vs fla safe_gate",
         cases=cases,
         run=run,
     )
