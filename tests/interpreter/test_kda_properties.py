@@ -1,9 +1,25 @@
 """KDA kernel promises as properties over their domain, under the Triton interpreter.
 
-PROBES
+A probe is one batch row of one kernel call: row b changes the inputs at position p_b (or from
+it on), so one batched call (B = T = 2 * chunk, p_b = b) checks every position of two chunks,
+against one unperturbed call. fp32, K = V = 32, H = HV = 1 unless said otherwise. Probes:
 
-Each probe is one batch row of one kernel call: row b changes the inputs from position p_b on,
-so a single batched call checks every position of two chunks (T = 2 * chunk) at once.
+1. causality, all of q, k, v, g, beta perturbed from p (random valid values): split path on
+   every valid (chunk, solve_block) x {block, safe, safe with -1e4 gates}: 3 x (32 + 64 + 64 +
+   128 + 128) = 1248 probes; fused at chunk 32, solve_block 16 and 32, {block, safe with -1e4
+   gates}: 4 x 64 = 256.
+2. causality, each input alone (chunk 32, solve_block 16, both anchors): 2 x 5 x 64 = 640.
+3. containment: NaN in k, v, g, beta at p (chunk 32): 4 x 64 = 256; +inf (chunk 16):
+   4 x 32 = 128; NaN in q at p: 64. -inf resets and -1e8 / -1e5 gates against the float64
+   token-serial oracle: 5 shapes x {split, fused} = 10 sequences, 7 extreme placements each;
+   softplus of raw gates 1e8: 2 sequences.
+4. the block anchor (bound -5) given one gate channel at -200 or -60 at p: 2 x 64 = 128, each
+   output row checked against the oracle (exact or NaN).
+5. determinism and batch invariance: 2 random shapes, 4 repeated-call pairs and 3 rows alone
+   each; varlen: 2 random shapes x {split, fused}, 4 sequences (one empty) each.
+
+The chunk-64 causality cases take about 20 s each (marked slow); the whole file about 6 minutes
+on two CPU cores. The interpreter runs a chunk program in about 0.05 s, and a probe costs two.
 """
 
 from __future__ import annotations
@@ -176,9 +192,11 @@ def test_causality_at_every_position_split(chunk, solve_block, variant):
     _check_causality(chunk, solve_block, variant, seed=chunk + solve_block)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", ["block", "safe_huge"])
 @pytest.mark.parametrize("solve_block", [16, 32])
 def test_causality_at_every_position_fused(solve_block, variant):
+    """The fused kernel computes the same tiles (``_chunk_tiles``) inside its recurrence: chunk
+    32, both anchors (the safe one with its tree, on the chunks that have -1e4 gates)."""
     _check_causality(32, solve_block, variant, fused=True, seed=100 + solve_block)
 
 
@@ -192,8 +210,10 @@ def test_causality_per_input(anchor, name):
 # --- 3: non-finite containment; -inf and huge gates are valid ------------------------------------
 
 C3, SB3 = 32, 16  # containment probes: two chunks of two sub-blocks each
-POISONS = [("k", "nan"), ("k", "inf"), ("v", "nan"), ("v", "inf"), ("g", "nan"), ("g", "inf"),
-           ("beta", "nan"), ("beta", "inf")]  # fmt: skip
+# (input, value, chunk): NaN at chunk 32 (the cut crosses sub-blocks), +inf at chunk 16 (half
+# the probes for the same promise on another shape)
+POISONS = [(n, kind, 32 if kind == "nan" else 16) for n in ("k", "v", "g", "beta")
+           for kind in ("nan", "inf")]  # fmt: skip
 
 
 def _poisoned(base: dict, name: str, value: float, p: torch.Tensor, seed: int) -> dict:
@@ -212,13 +232,13 @@ def _poisoned(base: dict, name: str, value: float, p: torch.Tensor, seed: int) -
     return y
 
 
-@pytest.mark.parametrize("name,kind", POISONS)
-def test_non_finite_input_cuts_at_its_position(name, kind):
+@pytest.mark.parametrize("name,kind,chunk", POISONS)
+def test_non_finite_input_cuts_at_its_position(name, kind, chunk):
     """NaN or +inf in k, v, g or beta at p, for every p of two chunks: outputs before p bitwise
     unchanged, every output from p on NaN, and a NaN final state."""
-    T = 2 * C3
+    T = 2 * chunk
     base = make(1, T, seed=300)
-    kw = dict(chunk=C3, solve_block=SB3, anchor="safe", output_final_state=True)
+    kw = dict(chunk=chunk, solve_block=16, anchor="safe", output_final_state=True)
     ref, _ = run(base, **kw, initial_state=h0(1))
     p = torch.arange(T)
     y = _poisoned(base, name, float(kind), p, seed=301)
