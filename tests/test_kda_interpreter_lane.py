@@ -25,7 +25,7 @@ def test_interpreter_lane():
     env["TRITON_INTERPRET"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, "-m", "pytest", "tests/interpreter", "-q", "-p", "no:cacheprovider"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=2700)
     output = proc.stdout + proc.stderr
     if proc.returncode != 0:
         print(output)
