@@ -68,7 +68,7 @@ def _linear_attention_probe() -> tuple[type, Probe]:
 
     options = [
         Option("gate activations", act, {"gate_activation": act}
-               | ({"gate_lower_bound": None} if act == "softplus" else {}))
+               | ({"gate_lower_bound": -5.0} if act == "sigmoid_bound" else {}))
         for act in la.GATE_ACTIVATIONS
     ]  # fmt: skip
     options += [
@@ -76,6 +76,7 @@ def _linear_attention_probe() -> tuple[type, Probe]:
         Option("options", "beta_sigmoid", {"beta_sigmoid": True}),
         Option("options", "varlen", {"varlen": True, "num_seqs": 4}),
         Option("options", "unbounded gates", {"gate_lower_bound": None}),
+        Option("options", "bounded gates (-5)", {"gate_lower_bound": -5.0}),
     ]
     options += [
         Option("states / layouts", f"initial_state ({sd})",
