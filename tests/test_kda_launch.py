@@ -19,6 +19,9 @@ from kreg.families.kda.plugin import FUSED, SPLIT
 from kreg.problems import LinearAttentionProblem
 
 INTS = ("T", "H", "HV", "NSEG")
+BUILDS = (builders.build_kda_chunk_prep, builders.build_kda_chunk_scan,
+          builders.build_kda_chunk_fused, builders.build_kda_segment_map,
+          builders.build_kda_segment_combine)  # fmt: skip
 
 
 def _key(name, constexprs, num_warps, num_stages, ints):
@@ -51,14 +54,10 @@ def built(monkeypatch):
         record.append(_key(fn.fn.__name__, dict(constexprs), num_warps, num_stages, ints))
 
     monkeypatch.setattr(builders, "compile_kernel", compile_kernel)
-    for f in (builders.build_kda_chunk_prep, builders.build_kda_chunk_scan,
-              builders.build_kda_chunk_fused, builders.build_kda_segment_map,
-              builders.build_kda_segment_combine):  # fmt: skip
+    for f in BUILDS:
         f.cache_clear()
     yield record
-    for f in (builders.build_kda_chunk_prep, builders.build_kda_chunk_scan,
-              builders.build_kda_chunk_fused, builders.build_kda_segment_map,
-              builders.build_kda_segment_combine):  # fmt: skip
+    for f in BUILDS:
         f.cache_clear()
 
 
