@@ -542,7 +542,10 @@ def test_softplus_activation_math_on_bounded_data(fused):
     problem, call = api._prepare(**{name: opts[name] for name in _PREPARE_ARGS})
     bounded = attrs.evolve(problem, gate_activation="none", gate_lower_bound=-5.0)
     sel = select(bounded, TARGET, algorithm="kda.fused" if fused else "kda.split")
-    o, ht = api.run_selection(sel, call, problem)
+    assert sel.spec.tile.anchor == "block"
+    # the spec says what launches (builders.*_launch): give it the softplus activation
+    spec = attrs.evolve(sel.spec, tile=attrs.evolve(sel.spec.tile, gate_activation="softplus"))
+    o, ht = api.run_selection(attrs.evolve(sel, spec=spec), call, problem)
     check_vs_oracles(_activated(x, g=g), o, ht, chunk=sel.spec.tile.chunk, tol=TOL[FP32])
 
 
