@@ -227,3 +227,76 @@ def test_packaged_tuning_table_is_valid():
     for s in sections:
         assert {"target", "triton", "abi"} <= set(s["header"])
         assert all("candidate" in e for e in s["entries"])
+
+
+# --- varlen: the longest sequence decides ---------------------------------------------------------
+
+
+def _varlen(lengths, **kw):
+    from kreg.problems import LinearAttentionProblem
+
+    return LinearAttentionProblem(
+        batch=1, seq_len=sum(lengths), heads_qk=8, heads_v=8, head_dim_k=128, head_dim_v=128,
+        varlen=True, num_seqs=len(lengths), max_seqlen=max(lengths), **kw,
+    )  # fmt: skip
+
+
+ONE_LONG = (30_000,) + (50,) * 20  # one long sequence among 20 short ones: T = 31,000
+EVEN = (1477,) * 20 + (1460,)  # the same 31,000 tokens over the same 21 sequences, evenly
+
+
+def test_a_long_sequence_among_short_ones_gets_a_segmented_scan():
+    """The scan's serial chain is as long as the longest sequence: keyed and costed on the mean
+    (1,476 tokens) the 30,000-token sequence got no segments and ran at 0.53x the peer."""
+    long, even = _varlen(ONE_LONG), _varlen(EVEN)
+    assert (long.seq_len, even.seq_len, long.num_seqs) == (31_000, 31_000, 21)
+    assert long.bucket()["tokens_per_seq"] == 32768 and even.bucket()["tokens_per_seq"] == 2048
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert select(long, "sm90").spec.scan.segment_chunks > 0
+        assert select(even, "sm90").spec.scan.segment_chunks == 0
+        # unknown longest (a problem built by hand): planned on the mean, as before
+        assert select(attrs.evolve(long, max_seqlen=None), "sm90").spec.scan.segment_chunks == 0
+
+
+def test_fixed_length_problems_carry_no_max_seqlen():
+    from kreg.problems import LinearAttentionProblem
+
+    base = dict(batch=2, seq_len=4096, heads_qk=8, heads_v=8, head_dim_k=128, head_dim_v=128)
+    plain = LinearAttentionProblem(**base)
+    assert LinearAttentionProblem(**base, max_seqlen=4096) == plain  # one problem, one entry
+    assert plain.max_seqlen is None and plain.longest_seq == 4096
+    assert plain.bucket()["tokens_per_seq"] == 4096
+
+
+@pytest.mark.parametrize(
+    "kw,message",
+    [(dict(max_seqlen=0), "max_seqlen must be a positive int or None, got 0"),
+     (dict(max_seqlen=True), "max_seqlen must be a positive int or None, got True"),
+     (dict(max_seqlen=30_000.0), "max_seqlen must be a positive int or None, got 30000.0"),
+     (dict(max_seqlen=31_001), "max_seqlen (31001) must be <= seq_len (31000)"),
+     (dict(max_seqlen=1476), "max_seqlen (1476) is below the mean: 21 sequences"),
+     (dict(varlen=False, num_seqs=1, max_seqlen=30_000),
+      "max_seqlen must be None or seq_len (31000) without varlen, got 30000")],
+    ids=["zero", "bool", "float", "past_seq_len", "below_mean", "fixed_length"],
+)  # fmt: skip
+def test_max_seqlen_is_validated(kw, message):
+    with pytest.raises(ValueError) as e:
+        attrs.evolve(_varlen(ONE_LONG), **kw)
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_explain_shows_the_bucket_of_the_longest_sequence(capsys):
+    from kreg.cli import main
+
+    options = ["T=31000", "H=8", "varlen=true", "num_seqs=21", "max_seqlen=30000"]
+    assert main(["explain", "kda", "--target", "sm90", *options]) == 0
+    text = capsys.readouterr().out
+    assert "max_seqlen=30000" in text
+    bucket = "{'dtype': 'bf16', 'head_dim': 128, 'seqs_x_heads': 256, 'tokens_per_seq': 32768}"
+    assert f"\nbucket      {bucket}\n" in text
+    assert main(["explain", "kda", "--target", "sm90", *options, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["bucket"]["tokens_per_seq"] == 32768
+    assert data["problem"]["fields"]["max_seqlen"] == 30000
+    assert data["selected"]["spec"]["scan"]["segment_chunks"] > 0

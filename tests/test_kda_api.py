@@ -296,6 +296,20 @@ REJECTIONS = [
     ("cu_cpu_copy_bad", opts(cu_seqlens=CU, cu_seqlens_cpu=torch.tensor([0, 4, 9])), "cu_seqlens",
      "end at T=8"),
     ("target", opts(target="sm80"), "target", "'sm80'"),
+    # max_seqlen: an int; with cu_seqlens an upper bound of the longest sequence (<= T), checked
+    # against the host offsets; without them None or T
+    ("max_seqlen_float", opts(cu_seqlens=CU, max_seqlen=4.0), "max_seqlen", "positive int"),
+    ("max_seqlen_bool", opts(cu_seqlens=CU, max_seqlen=True), "max_seqlen", "positive int"),
+    ("max_seqlen_tensor", opts(cu_seqlens=CU, max_seqlen=torch.tensor(4)), "max_seqlen",
+     "positive int"),
+    ("max_seqlen_zero", opts(cu_seqlens=CU, max_seqlen=0), "max_seqlen", "positive int"),
+    ("max_seqlen_past_T", opts(cu_seqlens=CU, max_seqlen=9), "max_seqlen", "exceeds T=8"),
+    ("max_seqlen_short", opts(cu_seqlens=torch.tensor([0, 1, 8]), max_seqlen=6), "max_seqlen",
+     "shorter than the longest sequence of cu_seqlens (7 tokens)"),
+    ("max_seqlen_short_cpu_copy", opts(cu_seqlens=torch.tensor([0, 4, 8]),
+                                       cu_seqlens_cpu=torch.tensor([0, 1, 8]), max_seqlen=4),
+     "max_seqlen", "(7 tokens)"),
+    ("max_seqlen_fixed", opts(max_seqlen=4), "max_seqlen", "pass None or 8, got 4"),
 ]  # fmt: skip
 
 
@@ -395,6 +409,29 @@ def test_int32_and_int64_offsets(no_launch, dtype, with_cpu_copy):
         assert t.dtype == torch.int64 and t.tolist() == [0, 3, 8]
     with pytest.raises(Launched):
         call(make(), **{k: v for k, v in kw.items() if v is not None})
+
+
+@pytest.mark.parametrize(
+    "kw,longest",
+    [(dict(cu_seqlens=torch.tensor([0, 1, 8])), 7),
+     (dict(cu_seqlens=torch.tensor([0, 1, 8], dtype=torch.int32)), 7),
+     # with cu_seqlens_cpu the values of cu_seqlens are not read: the host copy decides
+     (dict(cu_seqlens=torch.tensor([0, 4, 8]), cu_seqlens_cpu=torch.tensor([0, 6, 8])), 6),
+     (dict(cu_seqlens=torch.tensor([0, 1, 8]), max_seqlen=7), 7),
+     (dict(cu_seqlens=torch.tensor([0, 1, 8]), max_seqlen=np.int64(8)), 8),  # an upper bound
+     (dict(cu_seqlens=torch.tensor([0, 0, 8, 8])), 8),
+     (dict(max_seqlen=8), None), (dict(), None)],
+    ids=["cpu", "int32", "cpu_copy", "exact", "bound", "empty_seqs", "fixed_T", "fixed"],
+)  # fmt: skip
+def test_the_problem_carries_the_longest_sequence(no_launch, kw, longest):
+    """With cu_seqlens the problem carries the longest sequence (what the scan's chain length
+    and the tuning bucket follow), from the host copy or the explicit bound; fixed-length
+    problems carry None (every row is T long)."""
+    problem, _ = prepared(make(), **kw)
+    assert problem.max_seqlen == longest
+    assert problem.longest_seq == (longest or 8)
+    with pytest.raises(Launched):
+        call(make(), **kw)
 
 
 def test_kernels_read_the_validated_host_copy(no_launch):

@@ -62,6 +62,7 @@ def as_json(family, problem, args, sel) -> dict:
             "decided_by": sel.decided_by,
         },
         "trace": [jsonable(e) for e in sel.trace],
+        **({"bucket": jsonable(problem.bucket())} if hasattr(problem, "bucket") else {}),
     }
 
 
@@ -74,6 +75,8 @@ def as_text(problem, args, sel) -> str:
             ["selected", sel.candidate.name],
             ["spec", repr(sel.spec)],
             ["decided by", sel.decided_by],
+            # the shape class tuning entries match: what the problem is planned as
+            *([["bucket", repr(problem.bucket())]] if hasattr(problem, "bucket") else []),
         ],
         ["", ""],
     ).split("\n", 1)[1]

@@ -54,7 +54,10 @@ class LinearAttentionProblem:
     """One linear-attention prefill call, as a dispatcher sees it (shapes and options, no data).
 
     ``batch`` rows of ``seq_len`` tokens; with ``varlen`` the batch is one packed row of
-    ``seq_len`` tokens holding ``num_seqs`` sequences (``cu_seqlens``).
+    ``seq_len`` tokens holding ``num_seqs`` sequences (``cu_seqlens``), the longest of them
+    ``max_seqlen`` tokens long (None: not known, planned as if the tokens were spread evenly).
+    The longest sequence decides the speed of a varlen batch: the scan's serial chain over a
+    sequence's chunks is as long as that sequence, whatever the others hold.
     """
 
     batch: int = attrs.field(validator=_positive)
@@ -78,6 +81,9 @@ class LinearAttentionProblem:
     output_chunk_states: bool = attrs.field(default=False, validator=_bool)
     varlen: bool = attrs.field(default=False, validator=_bool)
     num_seqs: int | None = None  # defaults to batch; the sequence count with varlen
+    # the longest sequence's tokens with varlen (an upper bound is fine: it plans, never indexes);
+    # without varlen every row is seq_len long, so it is stored as None (seq_len is accepted)
+    max_seqlen: int | None = None
 
     def __attrs_post_init__(self):
         if self.gate_activation == "sigmoid_bound" and self.gate_lower_bound is None:
@@ -95,6 +101,23 @@ class LinearAttentionProblem:
             raise ValueError(f"num_seqs must be a positive int, got {self.num_seqs!r}")
         elif not self.varlen and self.num_seqs != self.batch:
             raise ValueError(f"num_seqs ({self.num_seqs}) must equal batch without varlen")
+        if self.max_seqlen is not None:
+            if (not isinstance(self.max_seqlen, int) or isinstance(self.max_seqlen, bool)
+                    or self.max_seqlen < 1):  # fmt: skip
+                raise ValueError(f"max_seqlen must be a positive int or None, got "
+                                 f"{self.max_seqlen!r}")  # fmt: skip
+            if not self.varlen and self.max_seqlen != self.seq_len:
+                raise ValueError(f"max_seqlen must be None or seq_len ({self.seq_len}) without "
+                                 f"varlen, got {self.max_seqlen}")  # fmt: skip
+            if not self.varlen:  # every row is seq_len long: one problem, one cache entry
+                object.__setattr__(self, "max_seqlen", None)
+            elif self.max_seqlen > self.seq_len:
+                raise ValueError(f"max_seqlen ({self.max_seqlen}) must be <= seq_len "
+                                 f"({self.seq_len}), the packed length")  # fmt: skip
+            elif self.max_seqlen * self.num_seqs < self.seq_len:
+                raise ValueError(f"max_seqlen ({self.max_seqlen}) is below the mean: "
+                                 f"{self.num_seqs} sequences of at most {self.max_seqlen} "
+                                 f"tokens cannot fill seq_len={self.seq_len}")  # fmt: skip
         if self.gate_activation == "softplus" and self.gate_lower_bound is not None:
             raise ValueError("gate_lower_bound must be None with gate_activation='softplus'")
         if self.gate_activation == "sigmoid_bound" and self.gate_lower_bound is None:
@@ -104,13 +127,26 @@ class LinearAttentionProblem:
     def group_size(self) -> int:
         return self.heads_v // self.heads_qk
 
+    @property
+    def longest_seq(self) -> int:
+        """The tokens of the longest sequence: ``seq_len`` for fixed-length batches; with varlen
+        ``max_seqlen``, or without it the mean rounded up (the least the longest can be)."""
+        if self.max_seqlen is not None:
+            return self.max_seqlen
+        return -(-self.seq_len * self.batch // self.num_seqs)
+
     def bucket(self) -> dict:
-        """The coarse shape class a tuning-table entry is keyed by."""
+        """The coarse shape class a tuning-table entry is keyed by.
+
+        ``tokens_per_seq`` is the longest sequence's, not the mean: the scan's serial chain is
+        as long as the longest sequence, so one 30,000-token sequence among 20 short ones runs
+        like a 30,000-token problem (with the mean, 1,500, it would be keyed and tuned as a
+        short one). Fixed-length batches are unchanged (there the longest is ``seq_len``)."""
         return {
             "dtype": self.dtype,
             "head_dim": self.head_dim_k,
             "seqs_x_heads": _bucket(self.num_seqs * self.heads_v),
-            "tokens_per_seq": _bucket(max(1, self.seq_len * self.batch // self.num_seqs)),
+            "tokens_per_seq": _bucket(self.longest_seq),
         }
 
     @classmethod
@@ -156,6 +192,8 @@ def _parse(name: str, raw, annotation):
         except ValueError:
             raise ValueError(f"{name} must be a number, got {raw!r}") from None
     if "int" in kind:
+        if "None" in kind and text.lower() == "none":
+            return None
         try:
             return int(text)
         except ValueError:

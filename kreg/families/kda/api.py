@@ -49,6 +49,7 @@ def kda_prefill(
     algorithm: str = "auto",
     allow_opt_in: bool = False,
     target=None,
+    max_seqlen: int | None = None,
 ):
     """Chunkwise KDA prefill. Returns ``(o, final_state)``, or ``(o, final_state, chunk_states)``
     with ``output_chunk_states``.
@@ -75,13 +76,18 @@ def kda_prefill(
     a CPU tensor (or ``cu_seqlens_cpu`` beside a device one, whose values are then not read) and
     the call never synchronises with the device; a device tensor alone is validated with one
     device-to-host copy. (Under CUDA graph capture the device tensor is read: ``torch_op``.)
+    ``max_seqlen``: with ``cu_seqlens``, an upper bound of the longest sequence's length (the
+    engines' ``max_seqlen``), which plans the scan (its serial chain is as long as the longest
+    sequence, so a long sequence among short ones gets a sequence-parallel scan). None (the
+    default): the longest length is taken from the host copy of the offsets, never with an
+    extra device sync; a given one must be >= that length. Without ``cu_seqlens``: None or T.
     ``output_chunk_states``: also return the state at the start of every chunk,
     ``[total chunks, HV, K, V]`` fp32, chunks in sequence order (for prefix caching).
     """
     problem, call = _prepare(
         q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound,
         cu_seqlens, cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm,
-        use_beta_sigmoid, state_layout, output_chunk_states,
+        use_beta_sigmoid, state_layout, output_chunk_states, max_seqlen,
     )  # fmt: skip
     selection = select(problem, target=_target(q, target), algorithm=algorithm,
                        allow_opt_in=allow_opt_in, family="kda")  # fmt: skip
@@ -212,22 +218,26 @@ class Checked:
 
     __slots__ = ("scale", "A_log", "dt_bias", "fields")
 
-    _SIZES = ("batch", "seq_len", "heads_qk", "heads_v", "head_dim_k", "head_dim_v", "num_seqs")
+    _SIZES = ("batch", "seq_len", "heads_qk", "heads_v", "head_dim_k", "head_dim_v", "num_seqs",
+              "max_seqlen")  # fmt: skip
 
     def __init__(self, scale, A_log, dt_bias, fields):
         self.scale, self.A_log, self.dt_bias, self.fields = scale, A_log, dt_bias, fields
 
-    def problem(self) -> LinearAttentionProblem:
+    def problem(self, **fields) -> LinearAttentionProblem:
+        """The problem, ``fields`` (the longest sequence, read from the offsets) replacing
+        ``_validate``'s."""
         # int(): selection needs concrete sizes; under dynamic shapes this specialises them
-        return LinearAttentionProblem(
-            **{k: int(v) if k in self._SIZES else v for k, v in self.fields.items()}
-        )
+        return LinearAttentionProblem(**{
+            k: int(v) if k in self._SIZES and v is not None else v
+            for k, v in {**self.fields, **fields}.items()
+        })  # fmt: skip
 
 
 def _validate(
     q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound, cu_seqlens,
     cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm, use_beta_sigmoid,
-    state_layout, output_chunk_states,
+    state_layout, output_chunk_states, max_seqlen=None,
 ) -> Checked:  # fmt: skip
     """Every check that reads no tensor's values: types, shapes, dtypes, devices, contiguity,
     scalars, flags, and gradients. The one place of each check, shared by ``_prepare`` and the
@@ -290,6 +300,7 @@ def _validate(
     n_seqs = _check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, device)
     varlen = n_seqs is not None
     n_seqs = n_seqs if varlen else B
+    max_seqlen = _check_max_seqlen(max_seqlen, T, varlen)
     state_shape = (n_seqs, HV, K, V) if state_layout == "kv" else (n_seqs, HV, V, K)
     state_dtype = "fp32"
     if initial_state is not None:
@@ -304,7 +315,7 @@ def _validate(
         beta_sigmoid=use_beta_sigmoid, initial_state=initial_state is not None,
         state_dtype=state_dtype, output_final_state=output_final_state,
         state_layout=state_layout, output_chunk_states=output_chunk_states,
-        varlen=varlen, num_seqs=n_seqs,
+        varlen=varlen, num_seqs=n_seqs, max_seqlen=max_seqlen,
     )  # fmt: skip
     return Checked(float(scale), A_log_view, dt_bias_view, fields)
 
@@ -326,16 +337,19 @@ def _check_device(q) -> None:
 def _prepare(
     q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound, cu_seqlens,
     cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm, use_beta_sigmoid,
-    state_layout, output_chunk_states,
+    state_layout, output_chunk_states, max_seqlen=None,
 ):  # fmt: skip
     checked = _validate(
         q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound,
         cu_seqlens, cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm,
-        use_beta_sigmoid, state_layout, output_chunk_states,
+        use_beta_sigmoid, state_layout, output_chunk_states, max_seqlen,
     )  # fmt: skip
     _check_device(q)
-    problem = checked.problem()
-    cu_host, cu_dev = _offsets(cu_seqlens, cu_seqlens_cpu, problem.seq_len, q.device)
+    cu_host, cu_dev = _offsets(cu_seqlens, cu_seqlens_cpu, int(q.shape[1]), q.device)
+    if cu_host is None:
+        problem = checked.problem()
+    else:  # the host copy _offsets validated (read anyway): the longest length costs no sync
+        problem = checked.problem(max_seqlen=longest_seq(cu_host, checked.fields["max_seqlen"]))
     A_log, dt_bias = checked.A_log, checked.dt_bias
     if gate_activation != "none":
         # an absent A_log means a factor exp(0) = 1, an absent dt_bias a zero bias
@@ -393,6 +407,41 @@ def _check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, device):
         _fail("cu_seqlens_cpu", f"shape {tuple(cu_seqlens_cpu.shape)} differs from cu_seqlens "
                                 f"{tuple(cu_seqlens.shape)}")  # fmt: skip
     return cu_seqlens.shape[0] - 1
+
+
+def _check_max_seqlen(max_seqlen, T, varlen):
+    """``max_seqlen`` as an int or None, checked against the shapes (the offsets' values are
+    ``longest_seq``'s to check)."""
+    if max_seqlen is None:
+        return None
+    if isinstance(max_seqlen, (bool, np.bool_)) or not isinstance(
+        max_seqlen, (numbers.Integral, torch.SymInt)
+    ):
+        _fail("max_seqlen", f"must be a positive int or None, got {max_seqlen!r}")
+    max_seqlen = int(max_seqlen)
+    if max_seqlen < 1:
+        _fail("max_seqlen", f"must be a positive int or None, got {max_seqlen}")
+    if not varlen:
+        if max_seqlen != T:
+            _fail("max_seqlen", f"without cu_seqlens every sequence is T={T} long: pass None or "
+                                f"{T}, got {max_seqlen}")  # fmt: skip
+        return None
+    if max_seqlen > T:
+        _fail("max_seqlen", f"{max_seqlen} exceeds T={T}, the packed length")
+    return max_seqlen
+
+
+def longest_seq(cu_host: torch.Tensor, max_seqlen: int | None = None) -> int:
+    """The length the scan is planned for: the longest sequence of the host offsets
+    ``cu_host`` (int64, validated), or ``max_seqlen`` where given, which must not be shorter
+    (an upper bound is fine; a shorter one would plan a long sequence as a short one)."""
+    longest = int((cu_host[1:] - cu_host[:-1]).max())
+    if max_seqlen is None:
+        return max(1, longest)
+    if max_seqlen < longest:
+        _fail("max_seqlen", f"{max_seqlen} is shorter than the longest sequence of cu_seqlens "
+                            f"({longest} tokens); pass an upper bound or None")  # fmt: skip
+    return max_seqlen
 
 
 def _offsets(cu_seqlens, cu_seqlens_cpu, T, device):

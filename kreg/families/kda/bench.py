@@ -253,6 +253,7 @@ def problem_of(params, bounded: bool = True) -> object:
         gate_activation="sigmoid_bound" if prod else "none", qk_l2norm=prod, beta_sigmoid=prod,
         initial_state=prod, state_dtype="fp32", output_final_state=True,
         varlen=bool(lengths), num_seqs=len(lengths) if lengths else params["B"],
+        max_seqlen=max(lengths) if lengths else None,  # as kda_prefill reads it from cu_seqlens
     )  # fmt: skip
 
 

@@ -36,20 +36,29 @@ def accepts(problem: LinearAttentionProblem) -> Verdict:
 def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target) -> float:
     """Heuristic: the serial steps of the scan's critical path, times the waves its programs take.
 
-    Each (sequence, value head, V block) is one dependency chain of chunk steps. Segments
+    Each (sequence, value head, V block) is one dependency chain of chunk steps, the longest
+    as long as the longest sequence (``problem.longest_seq``: with varlen not the mean, or one
+    long sequence among short ones would look short and get no segments). Segments
     (sequence-parallel scan) cut the chain to two passes over one segment plus a combine step
-    per segment, but multiply the programs; waves count programs over two per unit. It agrees
-    with every H200 measurement in docs/kda/RESULTS.md on whether segments pay; measured
-    tuning-table entries take precedence where they exist.
+    per segment, but multiply the programs; waves count programs over two per unit. Only
+    segments that hold chunks count: a short sequence's segments past its end exit at once, so
+    a varlen batch has at most ``ceil(chunks of all sequences / segment) + N`` busy segments
+    (for fixed-length batches that bound never binds). It agrees with every H200 measurement in
+    docs/kda/RESULTS.md on whether segments pay; measured tuning-table entries take precedence
+    where they exist.
     """
     scan = spec.scan
-    chunks = -(-problem.seq_len * problem.batch // (problem.num_seqs * spec.tile.chunk))
-    programs = problem.num_seqs * problem.heads_v * (problem.head_dim_v // scan.block_v)
+    chunk, n = spec.tile.chunk, problem.num_seqs
+    chunks = -(-problem.longest_seq // chunk)
+    per_seg = problem.heads_v * (problem.head_dim_v // scan.block_v)  # programs per segment
+    segments = n
     steps = chunks
     if scan.segment_chunks:
         n_seg = -(-chunks // scan.segment_chunks)
         steps = 2 * min(chunks, scan.segment_chunks) + n_seg
-        programs *= n_seg
+        all_chunks = -(-problem.seq_len * problem.batch // chunk) + n  # each sequence rounds up
+        segments = min(n * n_seg, -(-all_chunks // scan.segment_chunks) + n)
+    programs = segments * per_seg
     waves = -(-programs // (2 * target.compute_units))
     width = scan.block_v / problem.head_dim_v
     # the safe anchor runs the block anchor's code on gates within its span: the same cost

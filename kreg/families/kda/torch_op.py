@@ -23,7 +23,8 @@ Python constants, so this stays inside a ``fullgraph`` trace) and returns exactl
 Schema types (custom ops cannot take keyword-only tensors, so every argument of the raw op is
 positional-or-keyword, in ``kda_prefill``'s order): optional tensors are ``Tensor?``; ``scale``
 and ``gate_lower_bound`` are ``float?``; ``target`` is ``str?`` (a registered target name; the wrapper also takes a ``Target`` and passes
-its name). Every check that reads no tensor's values (types, shapes, dtypes, devices, flags)
+its name); ``max_seqlen`` (last, so positional calls made before it existed still bind) is
+``SymInt?``. Every check that reads no tensor's values (types, shapes, dtypes, devices, flags)
 runs in both the fake and the real implementation, through the one function ``kda_prefill`` uses
 (``api._validate``), so a ``torch.compile`` trace fails with the eager message; value checks (the
 offsets) happen in the real implementation, which calls ``kda_prefill`` (a bad argument raises
@@ -69,7 +70,10 @@ through this op) when:
 4. **Varlen with a sequence-parallel scan spec** (``segment_chunks > 0``): the segment grid and
    buffers are sized from shapes alone, ``ceil(ceil(T / chunk) / segment_chunks)`` segments per
    sequence (no sequence spans more than T tokens), so replays with new offsets stay exact;
-   segments past a sequence's end do nothing.
+   segments past a sequence's end do nothing. The spec itself (segments or not) is chosen at
+   capture for the capture's longest sequence (``max_seqlen``, or read from
+   ``cu_seqlens_cpu``): replays with other lengths stay exact but keep that plan, so capture
+   with ``max_seqlen`` set to the longest length the replays will see.
 5. ``gate_activation`` other than "none" without ``A_log``/``dt_bias`` allocates zero-filled
    defaults inside the call (a capturable memset); nothing else is host-dependent.
 
@@ -124,12 +128,16 @@ def _absent(v: torch.Tensor, tail) -> torch.Tensor:
 
 def _problem_from_shapes(
     q, v, initial_state, output_final_state, gate_lower_bound, cu_seqlens, gate_activation,
-    use_qk_l2norm, use_beta_sigmoid, state_layout, output_chunk_states,
+    use_qk_l2norm, use_beta_sigmoid, state_layout, output_chunk_states, cu_seqlens_cpu=None,
+    max_seqlen=None,
 ):  # fmt: skip
     """The ``LinearAttentionProblem`` ``api._prepare`` builds for these arguments, from shapes
-    and flags alone (what the dispatcher selects on). Kept equal to ``_prepare``'s by a test.
-    The fake implementation itself uses ``api._validate(...).problem()``; this shortcut (no k, g,
-    beta needed) serves tests and benchmarks that only want the selection."""
+    and flags (what the dispatcher selects on) and, with varlen, the longest sequence, read as
+    ``_prepare`` reads it: from ``cu_seqlens_cpu``, else from ``cu_seqlens`` (one copy to the
+    host if it is on the device), ``max_seqlen`` taking its place where given. Kept equal to
+    ``_prepare``'s by a test. The fake implementation itself uses
+    ``api._validate(...).problem()``; this shortcut (no k, g, beta needed) serves tests and
+    benchmarks that only want the selection."""
     from kreg.problems import LinearAttentionProblem
 
     if q.dtype not in api._DTYPES:
@@ -143,6 +151,10 @@ def _problem_from_shapes(
             _fail("initial_state", f"dtype {initial_state.dtype} not supported (fp32, bf16)")
         state_dtype = api._STATE_DTYPES[initial_state.dtype]
     varlen = cu_seqlens is not None
+    longest = api._check_max_seqlen(max_seqlen, T, varlen)
+    if varlen:
+        given = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens
+        longest = api.longest_seq(given.cpu().to(torch.int64), longest)
     return LinearAttentionProblem(
         batch=B, seq_len=T, heads_qk=H, heads_v=HV, head_dim_k=K, head_dim_v=V,
         dtype=api._DTYPES[q.dtype], gate_lower_bound=gate_lower_bound,
@@ -151,6 +163,7 @@ def _problem_from_shapes(
         state_dtype=state_dtype, output_final_state=output_final_state,
         state_layout=state_layout, output_chunk_states=output_chunk_states,
         varlen=varlen, num_seqs=int(cu_seqlens.shape[0]) - 1 if varlen else B,
+        max_seqlen=longest,
     )  # fmt: skip
 
 
@@ -177,6 +190,7 @@ def _kda_prefill_impl(
     algorithm: str = "auto",
     allow_opt_in: bool = False,
     target: str | None = None,
+    max_seqlen: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Real implementation: ``kda_prefill`` (which validates everything), outputs padded to the
     op's three-tensor convention (module docstring)."""
@@ -188,7 +202,7 @@ def _kda_prefill_impl(
         gate_activation=gate_activation, use_qk_l2norm=use_qk_l2norm,
         use_beta_sigmoid=use_beta_sigmoid, state_layout=state_layout,
         output_chunk_states=output_chunk_states, algorithm=algorithm,
-        allow_opt_in=allow_opt_in, target=target,
+        allow_opt_in=allow_opt_in, target=target, max_seqlen=max_seqlen,
     )  # fmt: skip
     tail = _state_tail(q, v, state_layout)
     o, ht = out[0], out[1]
@@ -206,6 +220,7 @@ def _kda_prefill_fake(
     gate_lower_bound=-5.0, cu_seqlens=None, cu_seqlens_cpu=None, A_log=None, dt_bias=None,
     gate_activation="none", use_qk_l2norm=False, use_beta_sigmoid=False, state_layout="kv",
     output_chunk_states=False, algorithm="auto", allow_opt_in=False, target=None,
+    max_seqlen=None,
 ):  # fmt: skip
     """Shapes and dtypes only: reads no tensor values and never synchronises. Runs the same
     data-free validation as ``kda_prefill`` (``api._validate``), so a traced call fails with the
@@ -214,7 +229,7 @@ def _kda_prefill_fake(
     checked = api._validate(
         q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound,
         cu_seqlens, cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm,
-        use_beta_sigmoid, state_layout, output_chunk_states,
+        use_beta_sigmoid, state_layout, output_chunk_states, max_seqlen,
     )  # fmt: skip
     tail = _state_tail(q, v, state_layout)
     B, T = q.shape[0], q.shape[1]
@@ -268,6 +283,7 @@ def kda_prefill_op(q, k, v, g, beta, **options):
     # a Python or numpy real or a 0-d CPU tensor, as kda_prefill takes it: the schema's float?
     a["scale"] = None if a["scale"] is None else api._real("scale", a["scale"])
     a["gate_lower_bound"] = _number("gate_lower_bound", a["gate_lower_bound"])
+    a["max_seqlen"] = _integer("max_seqlen", a["max_seqlen"])
     target = a["target"]
     if target is not None and not isinstance(target, str):
         name = getattr(target, "name", None)
@@ -284,6 +300,16 @@ def kda_prefill_op(q, k, v, g, beta, **options):
 
 _PREFILL_SIGNATURE = inspect.signature(api.kda_prefill)
 kda_prefill_op.__signature__ = _PREFILL_SIGNATURE
+
+
+def _integer(name: str, x):
+    """An int for the schema's ``SymInt?`` (max_seqlen; numpy integers too); bools and
+    non-integers are rejected by name (``kda_prefill`` checks the value)."""
+    if x is None or isinstance(x, torch.SymInt):
+        return x
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        _fail(name, f"must be a positive int or None, got {x!r}")
+    return int(x)
 
 
 def _number(name: str, x):
