@@ -180,9 +180,11 @@ def test_solve_block_32_where_the_numeric_rule_allows():
 
 
 def test_numeric_rule_rejects_solve_block_32_at_minus_5():
+    """The block anchor pinned to solve_block 32 under a bound of -5 spans 160 nats: refused
+    (specialising such a problem takes the safe anchor instead, tests/test_kda_specs.py)."""
     x = make(T=64)
     with pytest.raises(AssertionError, match="160 nats"):
-        run(x, chunk=64, solve_block=32)
+        run(x, chunk=64, solve_block=32, gate_lower_bound=-5.0)
 
 
 # --- split and fused, bit for bit ----------------------------------------------------------------
