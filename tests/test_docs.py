@@ -37,7 +37,7 @@ def test_docs_are_fresh(reg):
 def test_family_page_content(reg):
     text = (ROOT / "docs/families/kda.md").read_text()
     for want in [
-        "`gate_lower_bound` | `float \\| None` | `-5.0` |",  # problem fields with defaults
+        "`gate_lower_bound` | `float \\| None` | `None` |",  # problem fields with defaults
         "`KdaTileSpec`", "`KdaScanSpec`", "`KdaChunkFusedSpec`", "`min_occupancy`",
         "fits the hardware but leaves the latency-bound scan one program per unit",  # a rule
         "unbounded gates",  # a problem rule
