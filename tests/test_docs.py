@@ -40,7 +40,7 @@ def test_family_page_content(reg):
         "`gate_lower_bound` | `float \\| None` | `None` |",  # problem fields with defaults
         "`KdaTileSpec`", "`KdaScanSpec`", "`KdaChunkFusedSpec`", "`min_occupancy`",
         "fits the hardware but leaves the latency-bound scan one program per unit",  # a rule
-        "unbounded gates",  # a problem rule
+        "KDA gates are per-channel",  # a problem rule
         "The evidence, `kreg explain kda --target sm90`:",
         "kda_prefill(", "../kda/ALGORITHM.md", "../kda/CASE_STUDY.md", "../kda/RESULTS.md",
     ]:  # fmt: skip
