@@ -17,9 +17,10 @@ from typing import Any
 
 import attrs
 
+from kreg.checkout import PACKAGE_PARENT
 from kreg.registry.model import Candidate, Family
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = PACKAGE_PARENT
 INDEX = Path("docs") / "index.md"
 WRITE_COMMAND = "kreg docs --write"
 END = "<!-- end generated -->"

@@ -33,23 +33,22 @@ from typing import Any
 
 import attrs
 
+from kreg.checkout import PACKAGE_PARENT, repo_root
 from kreg.registry.compile import normalise_ir
 from kreg.registry.model import GoldenCase
 
 FORMAT = 1
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = PACKAGE_PARENT
 GOLDEN_FILE = Path("golden") / "ir_sha256.json"
 UPDATE_COMMAND = "kreg golden update"
 STAGE_ORDER = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-def default_path() -> Path:
-    """``golden/ir_sha256.json`` of the checkout kreg runs from (else of the current directory)."""
-    here = ROOT / GOLDEN_FILE
-    if here.parent.is_dir() or (ROOT / "pyproject.toml").exists():
-        return here
-    return Path.cwd() / GOLDEN_FILE
+def default_path(root: Path | None = None) -> Path:
+    """``golden/ir_sha256.json`` of ``root``, or of the checkout kreg runs from
+    (``checkout.NotACheckout`` from an installed kreg)."""
+    return repo_root(root) / GOLDEN_FILE
 
 
 def triton_version() -> str:

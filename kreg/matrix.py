@@ -18,9 +18,10 @@ from typing import Any
 
 import attrs
 
+from kreg.checkout import PACKAGE_PARENT, repo_root
 from kreg.registry.model import Candidate, Target, Verdict
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = PACKAGE_PARENT
 MATRIX_FILE = "SUPPORT_MATRIX.md"
 WRITE_COMMAND = "kreg matrix --write"
 # Head dims probed (K = V): the supported ones must show up, the others are reported unclaimed.
@@ -37,8 +38,9 @@ INTERPRETER = "interpreter-verified (CPU, fp16/fp32, on the specs this target se
 NOT_INTERPRETED = f"its own specs never run (the interpreter lane runs {INTERPRETER_TARGET}'s)"
 
 
-def default_path() -> Path:
-    return ROOT / MATRIX_FILE
+def default_path(root: Path | None = None) -> Path:
+    """``SUPPORT_MATRIX.md`` of ``root``, or of the checkout kreg runs from."""
+    return repo_root(root) / MATRIX_FILE
 
 
 # --- probes: problem variations per problem type ------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -266,3 +267,28 @@ def test_golden_update_of_some_cases_keeps_the_others(testfam, capsys, monkeypat
     # without cases the sub-document is the registered cases' (dropped ones go)
     golden.update(testfam, path, jobs=1)
     assert not any(k.startswith("kda/case") for k in golden.load(path)["triton"][version])
+
+
+def test_generated_files_need_a_root_outside_a_checkout(tmp_path, monkeypatch, capsys):
+    """From an installed kreg (no kreg pyproject.toml beside the package) the commands that
+    read or write the repository's generated files refuse to guess, in one line, exit 2; with
+    --root they work there."""
+    from kreg import checkout
+
+    monkeypatch.setattr(checkout, "PACKAGE_PARENT", tmp_path / "site-packages")
+    for argv in (["matrix", "--write"], ["matrix", "--check"], ["docs", "--write"],
+                 ["docs", "--check"], ["golden", "check"], ["golden", "update"]):  # fmt: skip
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "not from a kreg checkout: pass --root" in err, err
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    assert main(["matrix", "--write", "--root", str(repo)]) == 0
+    assert (repo / "SUPPORT_MATRIX.md").is_file()
+    assert main(["matrix", "--check", "--root", str(repo)]) == 0
+
+
+def test_the_checkout_is_recognised():
+    from kreg import checkout
+
+    assert checkout.checkout_root() == Path(__file__).resolve().parents[1]

@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
+        from kreg.checkout import NotACheckout
         from kreg.dispatch import NoCandidateError
 
         try:
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             elif extra:
                 parser.error(f"unrecognized arguments: {' '.join(extra)}")
             return args.run(args) or 0
-        except (CliError, NoCandidateError) as e:
+        except (CliError, NoCandidateError, NotACheckout) as e:
             message = " | ".join(line.strip() for line in str(e).splitlines() if line.strip())
             print(f"kreg: error: {message}", file=sys.stderr)
             return 2

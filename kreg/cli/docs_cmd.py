@@ -17,15 +17,17 @@ def add_parser(subparsers):
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="regenerate the generated blocks")
     mode.add_argument("--check", action="store_true", help="exit 1 if a generated block is stale")
-    p.add_argument("--root", type=Path, help="repository root holding docs/ (default: kreg's)")
+    p.add_argument("--root", type=Path,
+                   help="repository root holding docs/ (default: the kreg checkout)")  # fmt: skip
     return p
 
 
 def run(args) -> int:
     from kreg import docsgen
+    from kreg.checkout import repo_root
 
+    root = repo_root(args.root)  # an installed kreg needs --root: never writes site-packages
     reg = registry()
-    root = (args.root or docsgen.ROOT).resolve()
     if args.check:
         problems = docsgen.stale(reg, root)
         for line in problems:

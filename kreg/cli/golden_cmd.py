@@ -28,6 +28,7 @@ def add_parser(subparsers):
     ):
         q = sub.add_parser(name, help=text)
         q.add_argument("--file", type=Path, help="golden file (default: golden/ir_sha256.json)")
+        q.add_argument("--root", type=Path, help="repository root (default: the kreg checkout)")
         q.add_argument("--jobs", "-j", type=int, default=min(2, os.cpu_count() or 1),
                        help="compile processes (default: 2)")  # fmt: skip
         q.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
@@ -52,7 +53,7 @@ def run(args) -> int:
         return _diff(golden, reg, args)
     progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     plugins = os.environ.get("KREG_PLUGINS")
-    path = args.file or golden.default_path()
+    path = args.file or golden.default_path(args.root)  # an installed kreg needs --root or --file
     if args.golden_command == "check":
         outcome = golden.check(reg, path, jobs=args.jobs, plugins=plugins, progress=progress)
         stream = sys.stdout if outcome.ok else sys.stderr

@@ -18,6 +18,7 @@ def add_parser(subparsers):
     mode.add_argument("--write", action="store_true", help="write SUPPORT_MATRIX.md")
     mode.add_argument("--check", action="store_true", help="exit 1 if SUPPORT_MATRIX.md is stale")
     p.add_argument("--file", type=Path, help="matrix file (default: SUPPORT_MATRIX.md at the root)")
+    p.add_argument("--root", type=Path, help="repository root (default: the kreg checkout)")
     return p
 
 
@@ -25,6 +26,8 @@ def run(args) -> int:
     from kreg import matrix
 
     reg = registry()
+    if args.check or args.write:  # an installed kreg needs --root or --file: never site-packages
+        args.file = args.file or matrix.default_path(args.root)
     if args.check:
         ok, message = matrix.check(reg, args.file)
         print(message, file=sys.stdout if ok else sys.stderr)
