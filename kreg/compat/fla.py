@@ -1,0 +1,171 @@
+"""``chunk_kda`` with fla-core 0.6.0's signature (``fla/ops/kda/chunk.py``), served by
+``kreg.families.kda.kda_prefill``.
+
+Moving from fla is one import change::
+
+    from kreg.compat.fla import chunk_kda  # was: from fla.ops.kda import chunk_kda
+
+Every argument fla accepts is served or refused with a ``ValueError`` whose message starts with
+the argument's name; see ``chunk_kda``'s docstring for the mapping.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from kreg.families.kda import kda_prefill
+
+# the keyword-only names fla 0.6.0 reads from ``**kwargs``
+_KWARGS = ("A_log", "dt_bias", "chunk_size", "transpose_state_layout")
+
+
+def _fail(name: str, message: str):
+    raise ValueError(f"{name}: {message}")
+
+
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        _fail(name, f"must be a bool, got {value!r}")
+    return value
+
+
+def _contiguous(x):
+    return x.contiguous() if isinstance(x, torch.Tensor) else x
+
+
+def chunk_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    lower_bound: float | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
+    cp_context=None,
+    use_graph: bool = False,
+    max_num_seqs: int | None = None,
+    **kwargs,
+):
+    """fla 0.6.0's ``chunk_kda`` (forward only), run by ``kda_prefill``.
+
+    Returns ``(o, final_state)`` as fla does; ``final_state`` is None unless
+    ``output_final_state``. Layouts are fla's (and kda_prefill's): q, k ``[B, T, H, K]``, v
+    ``[B, T, HV, V]``, g ``[B, T, HV, K]``, beta ``[B, T, HV]``, states ``[N, HV, K, V]``.
+
+    Mapping to ``kda_prefill``:
+
+    - ``use_qk_l2norm_in_kernel`` -> ``use_qk_l2norm``; ``use_beta_sigmoid_in_kernel`` ->
+      ``use_beta_sigmoid``; ``state_v_first=True`` (states ``[.., V, K]``) ->
+      ``state_layout="vk"``; ``scale``, ``initial_state``, ``output_final_state``,
+      ``cu_seqlens``, ``cu_seqlens_cpu`` pass through.
+    - ``use_gate_in_kernel=True`` (``A_log`` ``[HV]`` and optional ``dt_bias`` ``[HV * K]`` in
+      ``**kwargs``): with ``lower_bound`` None, ``gate_activation="softplus"``
+      (``-exp(A_log) * softplus(g + dt_bias)``; ``A_log`` required); with ``lower_bound`` set,
+      ``gate_activation="sigmoid_bound"`` with ``gate_lower_bound=lower_bound``
+      (``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``, ``A_log`` may be None). fla's gate
+      kernel takes the sigmoid bound whenever ``lower_bound`` is set, with or without
+      ``safe_gate``; ``safe_gate=True`` additionally requires ``lower_bound`` in ``[-5, 0)``.
+    - ``use_gate_in_kernel=False``: ``A_log`` / ``dt_bias`` are ignored (as fla ignores them);
+      ``safe_gate=True`` with ``lower_bound`` -> ``gate_lower_bound=lower_bound``, the caller's
+      promise that every gate is >= it; ``lower_bound`` without ``safe_gate`` has no effect in
+      fla and none here.
+    - Accepted, no effect on the result: ``disable_recompute`` (backward only; kreg has no
+      backward), ``use_graph`` (kreg's offsets already serve zero-length padding sequences and
+      graph capture), ``max_num_seqs``, ``chunk_size`` (32 or 64 as in fla; kreg picks its own
+      tiles). ``transpose_state_layout`` (fla's deprecated name of ``state_v_first``) warns
+      and is served as fla serves it.
+    - Refused (``ValueError`` naming the argument): ``allow_neg_eigval=True``,
+      ``return_intermediate_states=True`` (kreg's chunk states come at its own chunk size:
+      ``kreg.families.kda.kda_prefill(output_chunk_states=True)``), ``cp_context`` (context
+      parallel is not built: issue 16). Other keyword names raise ``TypeError`` (fla ignores
+      them silently, which would hide a misspelt ``A_log``).
+
+    Differences from fla: every tensor argument is made contiguous first, as fla's
+    ``input_guard`` does, so a non-contiguous input costs a copy; ``initial_state`` may also be
+    bf16 (fla requires fp32); inputs that require grad are refused (``kda_prefill`` has no
+    backward), where fla would build a graph.
+    """
+    unknown = sorted(set(kwargs) - set(_KWARGS))
+    if unknown:
+        raise TypeError(f"chunk_kda() got unexpected keyword argument(s) {', '.join(unknown)}")
+    if "transpose_state_layout" in kwargs:
+        if state_v_first:
+            _fail("transpose_state_layout", "cannot be passed together with state_v_first "
+                                            "(its new name)")  # fmt: skip
+        warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
+                      DeprecationWarning, stacklevel=2)  # fmt: skip
+        state_v_first = kwargs["transpose_state_layout"]
+
+    if cp_context is not None:
+        _fail("cp_context", "context parallel is not built in kreg (issue 16); pass None")
+    if _flag("allow_neg_eigval", allow_neg_eigval):
+        _fail("allow_neg_eigval", "True (beta in [0, 2)) is not served by kreg; pass False")
+    if _flag("return_intermediate_states", return_intermediate_states):
+        _fail("return_intermediate_states", "True is not served yet: kreg's chunk states come at "
+              "its own chunk size, from kreg.families.kda.kda_prefill(output_chunk_states=True)")  # fmt: skip
+    _flag("disable_recompute", disable_recompute)
+    _flag("use_graph", use_graph)
+    if max_num_seqs is not None and (
+        isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int)
+    ):
+        _fail("max_num_seqs", f"must be an int or None, got {max_num_seqs!r}")
+    chunk_size = kwargs.get("chunk_size", 64)
+    if chunk_size not in (32, 64) or isinstance(chunk_size, bool):
+        _fail("chunk_size", f"must be either 32 or 64 for KDA, got {chunk_size!r}")
+
+    state_layout = "vk" if _flag("state_v_first", state_v_first) else "kv"
+    A_log = dt_bias = None
+    gate_lower_bound = None
+    if _flag("use_gate_in_kernel", use_gate_in_kernel):
+        A_log, dt_bias = kwargs.get("A_log"), kwargs.get("dt_bias")
+        if A_log is None and lower_bound is None:
+            _fail(
+                "A_log", "must be provided when use_gate_in_kernel=True and lower_bound is not set"
+            )
+        if _flag("safe_gate", safe_gate):
+            if lower_bound is None:
+                _fail("lower_bound", "must be specified when safe_gate=True and "
+                                     "use_gate_in_kernel=True")  # fmt: skip
+            if not isinstance(lower_bound, (int, float)) or not (-5 <= lower_bound < 0):
+                _fail("lower_bound", f"must be in the safe range [-5, 0), got {lower_bound!r}")
+        if lower_bound is None:
+            gate_activation = "softplus"
+        else:
+            gate_activation, gate_lower_bound = "sigmoid_bound", lower_bound
+    else:
+        gate_activation = "none"
+        if _flag("safe_gate", safe_gate):
+            gate_lower_bound = lower_bound
+
+    q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens = map(
+        _contiguous, (q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens)
+    )
+    return kda_prefill(
+        q, k, v, g, beta,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        gate_lower_bound=gate_lower_bound,
+        cu_seqlens=cu_seqlens,
+        cu_seqlens_cpu=cu_seqlens_cpu,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        gate_activation=gate_activation,
+        use_qk_l2norm=use_qk_l2norm_in_kernel,
+        use_beta_sigmoid=use_beta_sigmoid_in_kernel,
+        state_layout=state_layout,
+    )  # fmt: skip
