@@ -292,3 +292,25 @@ def test_the_checkout_is_recognised():
     from kreg import checkout
 
     assert checkout.checkout_root() == Path(__file__).resolve().parents[1]
+
+
+def test_build_takes_the_problem_options_explain_takes(capsys, monkeypatch):
+    """`kreg build kda ... B=2 T=4096 H=8` resolves the spec `kreg explain kda ... B=2 T=4096
+    H=8` selects, not the default problem's (the compile is faked: only specs are compared)."""
+    from kreg.cli import _util, build_cmd
+
+    monkeypatch.setattr(build_cmd, "compile_all", lambda builders, spec, target, problem=None: {})
+    opts = ["B=2", "T=65536", "H=2"]
+    assert main(["explain", "kda", "--target", "gfx950", "--json", *opts]) == 0
+    explained = json.loads(capsys.readouterr().out)["selected"]["spec"]
+    assert main(["explain", "kda", "--target", "gfx950", "--json"]) == 0
+    default = json.loads(capsys.readouterr().out)["selected"]["spec"]
+    assert explained != default  # the options matter for this problem
+    target = _util.get_target("gfx950")
+    built = build_cmd.resolve("kda", target, dict(o.split("=") for o in opts))[1]
+    assert _util.jsonable(built) == explained
+    # the command line reaches it: with the faked compile nothing is built, one line, exit 2
+    assert main(["build", "kda", "--target", "gfx950", *opts]) == 2
+    assert "uses none of the kernels" in capsys.readouterr().err
+    assert main(["build", "kda", "--target", "gfx950", "nope=1"]) == 2
+    assert "bad problem options" in capsys.readouterr().err

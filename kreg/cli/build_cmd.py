@@ -21,6 +21,7 @@ from ._util import (
     jsonable,
     override_spec,
     parse_assignments,
+    problem_from_options,
     registry,
     table,
 )
@@ -31,6 +32,9 @@ STAGES = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
 def add_parser(subparsers):
     p = subparsers.add_parser("build", help="compile a candidate's kernels for a target")
     p.add_argument("candidate", help="candidate name (e.g. kda.split) or family name")
+    p.add_argument("options", nargs="*", metavar="key=value",
+                   help="problem options, as kreg explain takes them (default: the family's "
+                        "default problem)")  # fmt: skip
     p.add_argument("--target", required=True, help="target name, e.g. sm90")
     p.add_argument("--spec", nargs="+", default=[], metavar="field=value", help="spec overrides")
     p.add_argument("--stage", choices=STAGES, help="print this IR stage instead of resources")
@@ -41,7 +45,9 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     target = get_target(args.target)
-    candidate, spec, how, problem = resolve(args.candidate, target)
+    candidate, spec, how, problem = resolve(
+        args.candidate, target, parse_assignments(args.options, "problem option")
+    )
     if args.spec:
         spec = override_spec(spec, parse_assignments(args.spec, "spec override"))
         how = "with overrides " + " ".join(args.spec)
@@ -99,14 +105,14 @@ def run(args) -> int:
     return 0
 
 
-def resolve(name: str, target):
+def resolve(name: str, target, options: dict | None = None):
     """(candidate, spec, how the spec was chosen, the problem it was selected for or None) for a
-    candidate or family name."""
+    candidate or family name; ``options`` build the problem as ``kreg explain`` does."""
     from kreg.dispatch import NoCandidateError, select
 
     reg = registry()
     if name in reg.families:
-        problem = _default_problem(reg.families[name])
+        problem = _problem(reg.families[name], options)
         if problem is None:
             raise CliError(f"family {name!r} has no default problem: name a candidate")
         sel = select(problem, target, family=name)  # NoCandidateError: a user error
@@ -119,7 +125,7 @@ def resolve(name: str, target):
         raise CliError(
             f"{name} does not support {target.name} (only {', '.join(candidate.targets)})"
         )
-    problem = _default_problem(reg.families[candidate.family])
+    problem = _problem(reg.families[candidate.family], options)
     if problem is not None:
         try:
             sel = select(
@@ -132,6 +138,10 @@ def resolve(name: str, target):
         if candidate.is_valid(spec, target).ok:
             return candidate, spec, "first valid enumerated spec", None
     raise CliError(f"{name} has no valid spec on {target.name}")
+
+
+def _problem(family, options: dict | None):
+    return problem_from_options(family, options) if options else _default_problem(family)
 
 
 def _default_problem(family):
