@@ -8,6 +8,7 @@ Small shapes (K = V = 32, T = 40, fp16/fp32): the interpreter runs on a 2-core C
 from __future__ import annotations
 
 import pytest
+import test_kda_numerics as numerics  # same folder: pytest puts it on sys.path
 import torch
 
 from kreg.compat.fla import chunk_kda
@@ -23,13 +24,8 @@ T, K, V = 40, 32, 32
 
 
 def make(B=1, H=1, HV=2, dtype=torch.float16, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, K, generator=gen)
-    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
-    v = torch.randn(B, T, HV, V, generator=gen)
-    g = -2.0 * torch.rand(B, T, HV, K, generator=gen)
-    beta = torch.rand(B, T, HV, generator=gen)
-    return dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g.to(dtype), beta=beta.to(dtype))
+    """The numerics lane's inputs (unit-norm keys, gates in [-2, 0]) at this file's shape."""
+    return numerics.make(B=B, T=T, H=H, HV=HV, K=K, V=V, dtype=dtype, lb=-2.0, seed=seed)
 
 
 def gate_params(HV=2, seed=2):
