@@ -23,7 +23,15 @@ from kreg.dispatch import select
 from kreg.families.kda import api, kda_prefill
 from kreg.families.kda.oracles import relative_rms, token_serial_oracle
 
-DEFAULT_SHAPES = ("1,8192,32", "16,8192,32", "1,65536,4", "1,2048,32", "4,8192,32,64", "2,4096,8")
+DEFAULT_SHAPES = (
+    "1,8192,32",
+    "16,8192,32",
+    "1,65536,4",
+    "1,2048,32",
+    "4,8192,32,64",
+    "2,4096,8",
+    "1,8192,32,128,1",
+)  # the last: gates 10x wider (B,T,H,D,wide)
 BOUND = -5.0
 
 

@@ -38,6 +38,11 @@ GATE_ACT = {"none": GATE_NONE, "sigmoid_bound": GATE_SIGMOID_BOUND, "softplus": 
 # diagonal sub-block anchoring (constexpr ANCHOR; specs name them "block" and "safe")
 ANCHOR_BLOCK = tl.constexpr(0)
 ANCHOR_SAFE = tl.constexpr(1)
+# The split path's safe anchor in two kernels: the prep kernel runs the block anchor's code and
+# lists each chunk with a row past the span (its tiles there are scratch); the fixup kernel then
+# recomputes only the listed chunks with ANCHOR_SAFE. Same tiles bit for bit as ANCHOR_SAFE in
+# one kernel, without the tree's code (and its registers) in the kernel every chunk runs.
+ANCHOR_FLAG = tl.constexpr(2)
 ANCHORS = {"block": 0, "safe": 1}
 # The block anchor's widest exponent in log2 units (MAX_ANCHOR_NATS of the numeric rule):
 # exp2 of it and of its negative stay normal fp32, so no factor overflows or flushes.
@@ -165,7 +170,9 @@ def _chunk_tiles(
 
     Returns (w, u, gq, aqk, gkt, dec) in fp32: w = -T diag(beta) (K*Gamma) (negated so the scan
     subtracts into its accumulator), u = T diag(beta) V, gq = scale Q*Gamma, aqk (causal, scaled),
-    gkt = (K * exp(G_C - G))^T laid out [K, C] so the scan needs no transpose, dec = exp(G_C).
+    gkt = (K * exp(G_C - G))^T laid out [K, C] so the scan needs no transpose, dec = exp(G_C);
+    then ``needs_tree``: whether a row is past the span (with ``ANCHOR_FLAG`` the tiles of such
+    a chunk are scratch, for the fixup kernel to recompute with ``ANCHOR_SAFE``).
     """
     NB: tl.constexpr = C // BS
     LOG2_BS: tl.constexpr = BS.bit_length() - 1
@@ -191,6 +198,7 @@ def _chunk_tiles(
     gl = tl.where((rows < f)[:, None], gl, 0.0)
     gin = _seg_cumsum(gl, C, K, BS, False)  # from the sub-block's start, inclusive
     fits = tl.min(gin, axis=1) >= -MAX_SPAN_LOG2  # the block anchor is exact for this row
+    needs_tree = tl.min(fits.to(tl.int32)) == 0
     if ANCHOR == ANCHOR_BLOCK:
         f = tl.minimum(f, tl.min(tl.where(fits, C, rows)))
         gin = tl.where((rows < f)[:, None], gin, 0.0)
@@ -222,7 +230,7 @@ def _chunk_tiles(
     a_t = tl.zeros((NB, BS, BS), dtype=tl.float32)
     qk_t = tl.zeros((NB, BS, BS), dtype=tl.float32)
     if ANCHOR == ANCHOR_SAFE:
-        if tl.min(fits.to(tl.int32)) == 0:  # a row past the span: exact entries for it
+        if needs_tree:  # a row past the span: exact entries for it
             g_next = _gates(g_ptr, alog_ptr, dtb_ptr, tok0 + 1, n - 1, hv, HV, lower_bound, K,
                             C, GATE_ACT)  # fmt: skip  # suffixes exclude their own row's gate
             gl_next = tl.where((rows + 1 < f)[:, None], g_next * LOG2E, 0.0)
@@ -311,7 +319,7 @@ def _chunk_tiles(
     # rows from the cut on: NaN outputs (gq only multiplies from the left) and a NaN state
     gq = tl.where(((rows >= f) & (rows < n))[:, None], float("nan"), gq)
     dec = tl.where(f < n, float("nan"), dec)
-    return w, u, gq, aqk, tl.trans(gk), dec
+    return w, u, gq, aqk, tl.trans(gk), dec, needs_tree
 
 
 @triton.jit
@@ -444,7 +452,7 @@ def _recurrence(
         tok0 = tok_start + (c - c0) * C
         n = tl.minimum(tok_end - tok0, C)
         if FUSED:
-            w, u, gq, aqk, gkt, dec = _chunk_tiles(
+            w, u, gq, aqk, gkt, dec, _ = _chunk_tiles(
                 q, k, v, g, beta, alog, dtb, tok0, n, h, hv, H, HV, scale, lower_bound,
                 K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
             )  # fmt: skip
@@ -500,14 +508,18 @@ def _ballast(x, BALLAST: tl.constexpr):
 def kda_chunk_prep_kernel(
     q, k, v, g, beta, alog, dtb,
     w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
-    chunk_seq, seq_chunk, cu_seqlens,
+    chunk_seq, seq_chunk, cu_seqlens, fix_list, fix_count,
     T, H, HV, scale, lower_bound,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, VARLEN: tl.constexpr,
-    LOOPED: tl.constexpr = False, BALLAST: tl.constexpr = 0, ANCHOR: tl.constexpr = ANCHOR_SAFE,
+    LOOPED: tl.constexpr = False, BALLAST: tl.constexpr = 0, ANCHOR: tl.constexpr = ANCHOR_FLAG,
 ):  # fmt: skip
     """Split path, first kernel: the tiles of one chunk x value head, stored chunk-major.
+
+    With ``ANCHOR_FLAG`` (the split path's safe anchor) a chunk that needs the tree appends
+    ``c * HV + hv`` to ``fix_list`` (``fix_count`` counts them; zero before the launch) for
+    ``kda_chunk_fixup_kernel``.
 
     Case-study probes (off by default): ``LOOPED`` makes each program walk all chunks of one
     (sequence, value head) in order, as the fused kernel does, still writing tiles to memory;
@@ -521,36 +533,68 @@ def kda_chunk_prep_kernel(
         for c in tl.range(c0, c1):
             tok0 = tok_start + (c - c0) * C
             _prep_chunk(
-                q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, tok0,
-                tl.minimum(tok_end - tok0, C), h, hv, H, HV, scale, lower_bound,
-                K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR,
+                q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, fix_list,
+                fix_count, c, tok0, tl.minimum(tok_end - tok0, C), h, hv, H, HV, scale,
+                lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR,
             )  # fmt: skip
     else:
         c = tl.program_id(0)
         tok0, n = _chunk_of(c, T, chunk_seq, seq_chunk, cu_seqlens, C, VARLEN)
         _prep_chunk(
-            q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, tok0, n,
-            h, hv, H, HV, scale, lower_bound,
+            q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, fix_list,
+            fix_count, c, tok0, n, h, hv, H, HV, scale, lower_bound,
             K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR,
         )  # fmt: skip
 
 
 @triton.jit
+def kda_chunk_fixup_kernel(
+    q, k, v, g, beta, alog, dtb,
+    w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
+    chunk_seq, seq_chunk, cu_seqlens, fix_list, fix_count,
+    T, H, HV, scale, lower_bound,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
+    GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
+    FP32_DOT: tl.constexpr, VARLEN: tl.constexpr,
+):  # fmt: skip
+    """Split path, safe anchor: recompute with ``ANCHOR_SAFE`` the chunks the prep kernel listed.
+
+    A fixed grid whose programs stride over the list (its length is on the device only). Each
+    chunk is recomputed whole and independently, so the list's order (atomics) does not matter:
+    the tiles are bitwise the same run to run.
+    """
+    count = tl.load(fix_count)
+    for i in tl.range(tl.program_id(0), count, tl.num_programs(0)):
+        item = tl.load(fix_list + i)
+        c = item // HV
+        hv = item % HV
+        tok0, n = _chunk_of(c, T, chunk_seq, seq_chunk, cu_seqlens, C, VARLEN)
+        _prep_chunk(
+            q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, fix_list,
+            fix_count, c, tok0, n, hv // (HV // H), hv, H, HV, scale, lower_bound,
+            K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, 0, ANCHOR_SAFE,
+        )  # fmt: skip
+
+
+@triton.jit
 def _prep_chunk(
-    q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, tok0, n,
-    h, hv, H, HV, scale, lower_bound,
+    q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, fix_list, fix_count,
+    c, tok0, n, h, hv, H, HV, scale, lower_bound,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, BALLAST: tl.constexpr, ANCHOR: tl.constexpr,
 ):  # fmt: skip
     if n > 0:
-        w, u, gq, aqk, gkt, dec = _chunk_tiles(
+        w, u, gq, aqk, gkt, dec, needs_tree = _chunk_tiles(
             q, k, v, g, beta, alog, dtb, tok0, n, h, hv, H, HV, scale, lower_bound,
             K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
         )  # fmt: skip
         dec = _ballast(dec, BALLAST)
         _store_tiles(w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, w, u, gq, aqk, gkt, dec,
                      K, V, C)  # fmt: skip
+        if ANCHOR == ANCHOR_FLAG:
+            if needs_tree:
+                tl.store(fix_list + tl.atomic_add(fix_count, 1), c * HV + hv)
 
 
 @triton.jit

@@ -8,6 +8,7 @@ from kreg.registry.model import Candidate, Family, Verdict
 
 from . import specs
 from .builders import (
+    build_kda_chunk_fixup,
     build_kda_chunk_fused,
     build_kda_chunk_prep,
     build_kda_chunk_scan,
@@ -81,6 +82,10 @@ SPLIT = Candidate(
     # representative production problem without one (runtime_args.REPRESENTATIVE)
     builders={
         "prep": lambda spec, target, problem=None: build_kda_chunk_prep(
+            spec.tile, target, launch_shape(problem)
+        ),
+        # None unless the anchor is "safe": the chunks whose rows leave the block anchor's span
+        "prep_fixup": lambda spec, target, problem=None: build_kda_chunk_fixup(
             spec.tile, target, launch_shape(problem)
         ),
         "scan": lambda spec, target, problem=None: build_kda_chunk_scan(
