@@ -335,3 +335,52 @@ def test_bench_compile_plan_covers_every_row(target):
             need |= grid.kernel_keys(p, select(p, SM90).spec)
     assert launched == need and fla == grid.fla_classes()
     assert len(jobs) < len(cases) * 2  # shared kernels are compiled once
+
+
+def test_packaged_cost_models_are_current():
+    """Every packaged *_model.json section names a registered candidate with a predict hook and,
+    for KDA, a payload this code reads (roles it knows, its feature set)."""
+    from importlib import resources
+
+    reg = get_registry()
+    files = [f for f in resources.files("kreg.dispatch").iterdir()
+             if f.name.endswith("_model.json")]  # fmt: skip
+    for f in files:
+        data = json.loads(f.read_text())
+        for section in data if isinstance(data, list) else [data]:
+            h = section["header"]
+            assert {"target", "triton", "abi", "candidate", "device", "date"} <= set(h)
+            cand = reg.candidates[h["candidate"]]
+            assert cand.predict is not None
+            if h["candidate"] == "kda.split":
+                assert model.payload_ok(section["model"])
+                assert set(section["model"]["roles"]) <= set(model.ROLE_BY_NAME)
+
+
+SMOKE = ("b64-t256-h4x4-d64x64", "ones153-t4736-h8x8-d128x128")
+
+
+@pytest.mark.gpu
+def test_sweep_runs_and_validates_on_gpu(tmp_path):
+    """Two small shapes through the whole sweep (compile workers, both phases, the JSON) and the
+    validation of its output."""
+    out = tmp_path / "sweep.json"
+    res = sweep.run(out, deadline_s=300, workers=2, names=set(SMOKE))
+    assert res["complete"] and [e["name"] for e in res["shapes"]] == list(SMOKE)
+    for e in res["shapes"]:
+        assert all("ms" in r for r in e["specs"]), e["specs"]
+        assert sum(r["current"] for r in e["specs"]) == 1
+        assert all(not r.get("flagged") for r in e["specs"])
+    sw = validate.load_sweep(out)
+    assert validate.evaluate(sw, validate.fit_payload(sw))
+
+
+@pytest.mark.gpu
+def test_grid_bench_runs_on_gpu(tmp_path):
+    from kreg.bench import require_gpu
+
+    cases = [c for c in grid.cases() if c.name in SMOKE]
+    res = grid.run(cases, target=require_gpu(), quick=True, workers=2, progress=False,
+                   deadline_s=300)  # fmt: skip
+    assert [c["name"] for c in res["cases"]] == [c.name for c in cases]
+    assert all(r.get("ms") for c in res["cases"] for r in c["rows"])
