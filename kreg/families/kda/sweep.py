@@ -303,6 +303,11 @@ def run(out_path, *, deadline_s: float = 540.0, quick: bool = True, workers: int
         slowest = max(slowest, entry["elapsed_s"])
         results["elapsed_s"] = time.perf_counter() - started
         _write(results, out_path)
+        timed = [r for r in rows if r.get("ms")]
+        best = min(timed, key=lambda r: r["ms"]) if timed else {"impl": "-", "ms": float("nan")}
+        log(f"kda sweep: {p.shape.name}: {len(timed)}/{len(rows)} specs in "
+            f"{entry['elapsed_s']:.1f} s, best {best['impl']} {best['ms']:.3f} ms "
+            f"({results['elapsed_s']:.0f} s so far)")  # fmt: skip
     else:
         results["phase1_complete"] = True
     for p in plans if peer else ():  # phase 2: fla with the same promise
@@ -322,6 +327,9 @@ def run(out_path, *, deadline_s: float = 540.0, quick: bool = True, workers: int
         results["elapsed_s"] = time.perf_counter() - started
         results["autotune_saved"] = save_autotune(out_path.parent / "triton_autotune")
         _write(results, out_path)
+        log(f"kda sweep: {p.shape.name}: " + ", ".join(
+            f"{k} {v.get('ms', float('nan')):.3f} ms" for k, v in entry["fla"].items())
+            + f" ({results['elapsed_s']:.0f} s so far)")  # fmt: skip
     else:
         results["complete"] = results.get("phase1_complete", False)
     results["elapsed_s"] = time.perf_counter() - started
