@@ -358,6 +358,10 @@ def run_cases(
     workers: int | None = None,
     on_case: Callable[[dict], None] | None = None,
     worker_env: Mapping[str, str] | None = None,
+    deadline_s: float | None = None,
+    budget: Budget | None = None,
+    warm_jobs: Callable[[Sequence[BenchCase]], Sequence[tuple[BenchCase, Sequence[str]]]]
+    | None = None,
 ) -> dict:
     """Measure every case; returns the results dict that :func:`write_results` stores.
 
@@ -368,13 +372,18 @@ def run_cases(
     called after every case (the CLI saves the JSON so far). ``worker_env``: environment
     variables set in the compiling workers only (e.g. to keep a peer from persisting autotuning
     results measured while the workers share the GPU).
+    ``deadline_s``: seconds from the start after which no further case is begun (compiling
+    stops at half of it); the cases left are listed in ``results["not_measured"]``. ``budget``:
+    repetitions and host-timing calls, instead of the default or quick budget. ``warm_jobs``:
+    the family's compile plan, (case, implementation names) that between them launch every
+    kernel once (:func:`precompile_named`), instead of calling every case's implementations.
     """
     if target is None:
         target = require_gpu(f"kreg bench {scenario}")
     import torch
 
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
-    budget = QUICK_BUDGET if quick else DEFAULT_BUDGET
+    budget = budget or (QUICK_BUDGET if quick else DEFAULT_BUDGET)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device())
     t_start = time.perf_counter()
@@ -383,8 +392,15 @@ def run_cases(
     precompile_s = None
     if workers > 0 and cases:
         t0 = time.perf_counter()
-        problems = precompile(cases, prepare, target, impls, workers, device, progress, log,
-                              worker_env)  # fmt: skip
+        stop = None if deadline_s is None else t_start + deadline_s / 2
+        if warm_jobs is not None:
+            jobs = [(c, [n for n in names if impl_selected(n, impls)])
+                    for c, names in warm_jobs(cases)]  # fmt: skip
+            problems = precompile_named([j for j in jobs if j[1]], prepare, target, workers,
+                                        device, progress, log, worker_env, stop)  # fmt: skip
+        else:
+            problems = precompile(cases, prepare, target, impls, workers, device, progress, log,
+                                  worker_env, stop)  # fmt: skip
         precompile_s = time.perf_counter() - t0
         log(f"kreg bench: precompiled {len(cases)} cases in {precompile_s:.0f} s with {workers} "
             f"workers" + (f" ({len(problems)} problems, reported per row)" if problems else ""))  # fmt: skip
@@ -402,13 +418,21 @@ def run_cases(
         "cases": [],
     }
     bar = _progress(len(cases), progress)
+    longest = 0.0  # the longest case so far: a case is begun only if one such fits
     try:
-        for case in cases:
+        for i, case in enumerate(cases):
+            spent = time.perf_counter() - t_start
+            if deadline_s is not None and spent + longest > deadline_s:
+                results["not_measured"] = [c.name for c in cases[i:]]
+                log(f"kreg bench: deadline {deadline_s:.0f} s: {len(cases) - i} cases not "
+                    f"measured ({spent:.0f} s spent)")  # fmt: skip
+                break
             bar.set_description(case.name)
             results["cases"].append(
                 _run_case(case, prepare, target, device, timer, budget, impls, copy_gbs, bar, log)
             )
             results["elapsed_s"] = time.perf_counter() - t_start
+            longest = max(longest, results["cases"][-1]["elapsed_s"])
             bar.update(1)
             if not progress:
                 log(f"kreg bench: {case.name} done in {results['cases'][-1]['elapsed_s']:.1f} s "
@@ -428,29 +452,61 @@ def default_workers(n_cases: int) -> int:
 
 
 def precompile(cases, prepare, target, patterns, workers: int, device, progress, log,
-               env: Mapping[str, str] | None = None) -> list:  # fmt: skip
+               env: Mapping[str, str] | None = None, deadline: float | None = None) -> list:  # fmt: skip
     """Call every case's implementations once in ``workers`` spawned processes, so that the
     measuring process finds every kernel in Triton's on-disk cache. Failures here are only
     reported: the measuring process meets (and records) them again."""
+    jobs = [(case, _warm_case, (patterns,)) for case in cases]
+    return _run_jobs(jobs, prepare, target, workers, device, progress, log, env, deadline)
+
+
+def precompile_named(jobs: Sequence[tuple[BenchCase, Sequence[str]]], prepare, target,
+                     workers: int, device=None, progress: bool = False, log=None,
+                     env: Mapping[str, str] | None = None,
+                     deadline: float | None = None) -> list:  # fmt: skip
+    """As :func:`precompile`, for jobs that each call only the named implementations of a case
+    (a family that knows which kernels its cases share warms each kernel once). Jobs still
+    pending at ``deadline`` (``time.perf_counter()``) are dropped: the measuring process then
+    compiles what it meets."""
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    full = [(case, _warm_named, (tuple(names),)) for case, names in jobs]
+    return _run_jobs(full, prepare, target, workers, device, progress, log, env, deadline)
+
+
+def _run_jobs(jobs, prepare, target, workers, device, progress, log, env, deadline) -> list:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import TimeoutError as FutureTimeout
 
     ctx = multiprocessing.get_context("spawn")  # CUDA does not survive fork
     problems: list[str] = []
-    bar = _progress(len(cases), progress)
+    bar = _progress(len(jobs), progress)
     bar.set_description("precompile")
     dev = str(device) if device is not None else None
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
-                             initargs=(dict(env or {}),)) as pool:  # fmt: skip
-        futures = {pool.submit(_warm_case, prepare, case, target, patterns, dev): case
-                   for case in cases}  # fmt: skip
-        for future in as_completed(futures):
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
+                               initargs=(dict(env or {}),))  # fmt: skip
+    futures = {pool.submit(fn, prepare, case, target, *args, dev): case
+               for case, fn, args in jobs}  # fmt: skip
+    left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+    try:
+        for future in as_completed(futures, timeout=left):
             case = futures[future]
             try:
                 problems += [f"{case.name}: {p}" for p in future.result()]
             except Exception as e:  # a worker died: the measuring process will compile
-                problems.append(f"{case.name}: worker failed: {type(e).__name__}: {_first_line(e)}")
+                problems.append(f"{case.name}: worker failed: {type(e).__name__}: "
+                                f"{_first_line(e)}")  # fmt: skip
             bar.update(1)
+    except FutureTimeout:
+        dropped = sum(f.cancel() for f in futures)
+        running = sum(not f.done() for f in futures)
+        problems.append(f"deadline: {dropped} compile jobs dropped, {running} stopped")
+        # the workers are this process's own children; stop them rather than wait for a job
+        # that compiles for another minute (the measuring process compiles what it meets)
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.terminate()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     bar.close()
     for p in problems:
         log(f"kreg bench: precompile: {p}")
@@ -463,15 +519,30 @@ def _worker_init(env: dict) -> None:
 
 def _warm_case(prepare, case, target, patterns, device) -> list[str]:
     """In a worker: prepare one case and call each implementation (and reference) once."""
+    return _warm(
+        prepare,
+        case,
+        target,
+        device,
+        lambda impl, prepared: (
+            impl_selected(impl.name, patterns) or impl.name in prepared.references
+        ),
+    )
+
+
+def _warm_named(prepare, case, target, names, device) -> list[str]:
+    """In a worker: prepare one case and call the implementations named once."""
+    return _warm(prepare, case, target, device, lambda impl, prepared: impl.name in names)
+
+
+def _warm(prepare, case, target, device, wanted) -> list[str]:
     import torch
 
     dev = torch.device(device) if device else torch.device("cuda", torch.cuda.current_device())
     problems = []
     prepared = prepare(case, target, dev)
     for impl in prepared.impls:
-        if not isinstance(impl, Impl):
-            continue
-        if not (impl_selected(impl.name, patterns) or impl.name in prepared.references):
+        if not isinstance(impl, Impl) or not wanted(impl, prepared):
             continue
         try:
             impl.run()
@@ -815,6 +886,9 @@ def markdown(results: dict, plot_name: str | None = None) -> str:
         + "."
     )
     lines.append("")
+    if results.get("not_measured"):
+        lines += [f"**Deadline reached**: {len(results['not_measured'])} cases not measured "
+                  f"({', '.join(results['not_measured'])}).", ""]  # fmt: skip
     cases = results["cases"]
     prs = pair_rows(results)
     if prs:

@@ -29,6 +29,9 @@ def add_parser(subparsers):
     p.add_argument("--workers", type=int, metavar="N",
                    help="processes compiling kernels before measuring (default: half the cores, "
                         "at most 8; 0: compile while measuring)")  # fmt: skip
+    p.add_argument("--deadline-s", type=float, metavar="S",
+                   help="begin no case after S seconds (compiling stops at S/2); what was "
+                        "measured is written, the rest listed as not measured")  # fmt: skip
     p.add_argument("--render", metavar="JSON", help="regenerate RESULTS.md and the plot")
     return p
 
@@ -131,7 +134,9 @@ def _run(args) -> int:
           f"{' (quick)' if args.quick else ''}; writing {out}", file=sys.stderr)  # fmt: skip
     results = scenario.run(cases, target=target, impls=args.impls, quick=args.quick,
                            progress=not args.no_progress, workers=args.workers,
-                           on_case=lambda partial: write_json(partial, out))  # fmt: skip
+                           on_case=lambda partial: write_json(partial, out),
+                           **({} if args.deadline_s is None
+                              else {"deadline_s": args.deadline_s}))  # fmt: skip
     written = write_results(results, out)
     print(summary(results))
     print(f"\n{len(cases)} cases in {results.get('elapsed_s', 0):.0f} s; "

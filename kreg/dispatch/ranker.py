@@ -1,4 +1,5 @@
-"""Ranking a candidate's valid specs: measured tuning-table entries first, then a cost heuristic.
+"""Ranking a candidate's valid specs: measured tuning-table entries first, then a fitted cost
+model, then a cost heuristic.
 
 The tuning table is JSON, packaged as ``kreg/dispatch/tuning.json`` (``$KREG_TUNING`` names
 another file). It is one section or a list of sections, one per (target, Triton version)::
@@ -11,6 +12,18 @@ the installed one and its ``abi`` names the family's current ``abi_version``; a 
 ignored whole with a warning, never half-used. An entry matches a problem when its ``bucket``
 items are a subset of ``problem.bucket()`` and its ``spec`` items (nested for nested attrs
 specs) a subset of a valid spec's fields; the first matching entry wins.
+
+Cost models are JSON files too, ``kreg/dispatch/*_model.json`` (``$KREG_MODELS``: other files,
+separated by ``os.pathsep``; empty or ``os.devnull``: none), one section or a list of them::
+
+    {"header": {"target": "sm90", "triton": "3.6.0", "abi": {"kda": 1},
+                "candidate": "kda.split", "device": ..., "date": ..., "kind": ...},
+     "model": {...}}
+
+A section applies under the tuning table's rules (target, Triton version, abi) to the candidate
+it names, which must have a ``predict`` hook: the family reads its own ``model`` payload and
+predicts the device time of the valid specs it models; the lowest prediction wins. The core
+knows nothing of the payload.
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ import attrs
 from kreg.registry.model import Candidate, Family, Target
 
 _sections: list[dict] | None = None
+_models: list[tuple[str, dict]] | None = None
 
 
 class TuningWarning(UserWarning):
@@ -33,9 +47,11 @@ class TuningWarning(UserWarning):
 
 
 def clear_table() -> None:
-    """Re-read the tuning table on next use (after changing it or ``$KREG_TUNING``)."""
-    global _sections
+    """Re-read the tuning table and cost models on next use (after changing them or
+    ``$KREG_TUNING`` / ``$KREG_MODELS``)."""
+    global _sections, _models
     _sections = None
+    _models = None
 
 
 def tuning_sections() -> list[dict]:
@@ -45,35 +61,90 @@ def tuning_sections() -> list[dict]:
     return _sections
 
 
-def _load(path: str | None) -> list[dict]:
+def _read(path: str | None, packaged: str, what: str):
     try:
         if path:
             with open(path) as f:
-                data = json.load(f)
-        else:
-            data = json.loads(resources.files("kreg.dispatch").joinpath("tuning.json").read_text())
+                return json.load(f)
+        return json.loads(resources.files("kreg.dispatch").joinpath(packaged).read_text())
     except (OSError, ValueError) as e:
-        warnings.warn(
-            f"tuning table {path or 'tuning.json'} unreadable, ignored: {e}",
-            TuningWarning,
-            stacklevel=2,
-        )
+        warnings.warn(f"{what} {path or packaged} unreadable, ignored: {e}", TuningWarning,
+                      stacklevel=3)  # fmt: skip
+        return None
+
+
+def _well_formed(data, what: str, ok) -> list[dict]:
+    if data is None:
         return []
     sections = data if isinstance(data, list) else [data]
     good = []
     for i, s in enumerate(sections):
-        if (
-            isinstance(s, dict)
-            and isinstance(s.get("header"), dict)
-            and isinstance(s.get("entries"), list)
-            and all(isinstance(e, dict) and "candidate" in e for e in s["entries"])
-        ):
+        if isinstance(s, dict) and isinstance(s.get("header"), dict) and ok(s):
             good.append(s)
         else:
-            warnings.warn(
-                f"tuning table section {i} malformed, ignored", TuningWarning, stacklevel=2
-            )
+            warnings.warn(f"{what} section {i} malformed, ignored", TuningWarning, stacklevel=3)
     return good
+
+
+def _load(path: str | None) -> list[dict]:
+    return _well_formed(
+        _read(path, "tuning.json", "tuning table"),
+        "tuning table",
+        lambda s: (
+            isinstance(s.get("entries"), list)
+            and all(isinstance(e, dict) and "candidate" in e for e in s["entries"])
+        ),
+    )
+
+
+def _model_ok(section: dict) -> bool:
+    return isinstance(section["header"].get("candidate"), str) and isinstance(
+        section.get("model"), dict
+    )
+
+
+def model_sections() -> list[tuple[str, dict]]:
+    """(file name, section) of every cost model section, packaged or named by $KREG_MODELS."""
+    global _models
+    if _models is None:
+        env = os.environ.get("KREG_MODELS")
+        if env is None:
+            names = sorted(f.name for f in resources.files("kreg.dispatch").iterdir()
+                           if f.name.endswith("_model.json"))  # fmt: skip
+            sources = [(name, None) for name in names]
+        else:
+            sources = [(os.path.basename(p), p) for p in env.split(os.pathsep)
+                       if p and p != os.devnull]  # fmt: skip
+        _models = []
+        for name, path in sources:
+            data = _read(path, name, "cost model")
+            _models += [(name, s) for s in _well_formed(data, f"cost model {name}", _model_ok)]
+    return _models
+
+
+def _applies(header: dict, family: Family, target: Target, where: str) -> bool:
+    """Whether a section measured on ``header``'s target applies here; a stale one (other Triton
+    version or family abi) is ignored whole, with a warning."""
+    if header.get("target") != target.name:
+        return False
+    if header.get("triton") != _triton_version():
+        warnings.warn(
+            f"{where} ignored: measured with Triton {header.get('triton')}, "
+            f"installed is {_triton_version()}",
+            TuningWarning,
+            stacklevel=3,
+        )
+        return False
+    abi = header.get("abi", {}).get(family.name)
+    if abi != family.abi_version:
+        warnings.warn(
+            f"{where} ignored for family {family.name}: abi {abi}, "
+            f"family is at abi {family.abi_version}",
+            TuningWarning,
+            stacklevel=3,
+        )
+        return False
+    return True
 
 
 def _triton_version() -> str:
@@ -114,25 +185,10 @@ def tuned_spec(
     for s_index, section in enumerate(tuning_sections()):
         header = section["header"]
         entries = [e for e in section["entries"] if e["candidate"] == candidate.name]
-        if header.get("target") != target.name or not entries:
+        if not entries:
             continue
         where = f"section {s_index} (target {target.name}, triton {header.get('triton')})"
-        if header.get("triton") != _triton_version():
-            warnings.warn(
-                f"tuning {where} ignored: measured with Triton {header.get('triton')}, "
-                f"installed is {_triton_version()}",
-                TuningWarning,
-                stacklevel=2,
-            )
-            continue
-        abi = header.get("abi", {}).get(family.name)
-        if abi != family.abi_version:
-            warnings.warn(
-                f"tuning {where} ignored for family {family.name}: abi {abi}, "
-                f"family is at abi {family.abi_version}",
-                TuningWarning,
-                stacklevel=2,
-            )
+        if not _applies(header, family, target, f"tuning {where}"):
             continue
         for entry in entries:
             if not _subset(entry.get("bucket", {}), bucket):
@@ -158,6 +214,35 @@ def tuned_spec(
     return None
 
 
+def modelled_spec(
+    candidate: Candidate, family: Family, specs: list, problem: Any, target: Target
+) -> tuple[Any, str] | None:
+    """The spec of lowest predicted time under the first applying cost model section that
+    models any of ``specs``, with a description naming the model and entry; None without one."""
+    if candidate.predict is None:
+        return None
+    for name, section in model_sections():
+        header = section["header"]
+        if header.get("candidate") != candidate.name:
+            continue
+        if not _applies(header, family, target, f"cost model {name}"):
+            continue
+        preds = [p for p in candidate.predict(section["model"], specs, problem, target)
+                 if p.spec in specs]  # fmt: skip
+        if not preds:
+            continue
+        ranked = sorted(preds, key=lambda p: p.ms)
+        best = ranked[0]
+        runner_up = f"; next {ranked[1].entry} {ranked[1].ms:.4g} ms" if len(ranked) > 1 else ""
+        return best.spec, (
+            f"cost model {name} ({header.get('kind', 'fitted')}; {header.get('device', '?')}, "
+            f"{header.get('date', '?')}, triton {header.get('triton')}): {best.entry} predicted "
+            f"{best.ms:.4g} ms, lowest of {len(preds)} modelled of {len(specs)} valid specs"
+            f"{runner_up}"
+        )
+    return None
+
+
 def choose_spec(
     candidate: Candidate, family: Family, specs: list, problem: Any, target: Target
 ) -> tuple[Any, str]:
@@ -165,6 +250,9 @@ def choose_spec(
     tuned = tuned_spec(candidate, family, specs, problem, target)
     if tuned is not None:
         return tuned
+    modelled = modelled_spec(candidate, family, specs, problem, target)
+    if modelled is not None:
+        return modelled
     if candidate.cost is not None:
         costs = [candidate.cost(spec, problem, target) for spec in specs]
         best = min(range(len(specs)), key=costs.__getitem__)

@@ -36,7 +36,9 @@ class Selection:
     spec: Any
     target: Target
     trace: tuple[TraceEntry, ...]
-    decided_by: str  # "tuning table entry ...", "heuristic cost ..." or "priority"
+    decided_by: (
+        str  # "tuning table entry ...", "cost model ...", "heuristic cost ..." or "priority"
+    )
 
 
 class NoCandidateError(LookupError):

@@ -409,5 +409,7 @@ def _check_candidate(reg: Registry, family: Family, c: Any, bad) -> None:
         bad(f"candidate {c.name!r} has no builders (or a builder that is not callable)")
     if not callable(c.is_valid):
         bad(f"candidate {c.name!r} has no callable is_valid")
+    if c.predict is not None and not callable(c.predict):
+        bad(f"candidate {c.name!r}: predict must be callable or None")
     if not c.spec_types or not callable(c.enumerate_specs):
         bad(f"candidate {c.name!r}: spec type without an enumeration")

@@ -89,6 +89,15 @@ def _no_problem_rule(problem: Any) -> Verdict:
 
 
 @attrs.frozen
+class Prediction:
+    """A cost model's predicted device time of one spec, and the model entry that gave it."""
+
+    spec: Any
+    ms: float
+    entry: str  # names the entry (and how it was fitted), for ``kreg explain``
+
+
+@attrs.frozen
 class Candidate:
     """One way a family serves a problem: its specs, its rules and its builders.
 
@@ -113,6 +122,11 @@ class Candidate:
     # Lower cost ranks first among a candidate's valid specs for a problem (heuristic seam;
     # measured entries of the tuning table take precedence).
     cost: Callable[[Any, Any, Target], float] | None = None
+    # Measured cost model seam: ``predict(payload, specs, problem, target)`` reads the payload of
+    # a model section (``kreg/dispatch/*_model.json``, see ranker.py) and returns Predictions
+    # for those of ``specs`` it models; the lowest predicted time wins, after the tuning table
+    # and before ``cost``. The payload's format is the family's own.
+    predict: Callable[[Mapping, Sequence[Any], Any, Target], Sequence[Prediction]] | None = None
     priority: int = 0  # higher wins between candidates
     opt_in: bool = False
     opt_in_reason: str = ""

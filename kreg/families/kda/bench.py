@@ -163,19 +163,26 @@ def kda_bytes(tokens: int, heads_qk: int, heads_v: int, K: int = HEAD_DIM, V: in
 
 def make_case(B: int, T: int, H: int, *, lengths: tuple[int, ...] | None = None,
               production: bool = False, tags=(), name: str | None = None,
-              head_dim: int = HEAD_DIM, dtype: str = "bf16",
-              target: str = "sm90") -> BenchCase:  # fmt: skip
-    """One KDA case (K = V = 128, bf16, gates within [-5, 0), HV = H); ``lengths`` makes it
-    varlen. ``params["lower_bound"]`` bounds the inputs' gates and is the promise of the
-    bounded rows; the default rows promise nothing (``gate_lower_bound=None``)."""
+              head_dim: int = HEAD_DIM, dtype: str = "bf16", target: str = "sm90",
+              HV: int | None = None, K: int | None = None, V: int | None = None,
+              extras: bool = True, extra_params: dict | None = None) -> BenchCase:  # fmt: skip
+    """One KDA case (by default K = V = 128, bf16, gates within [-5, 0), HV = H); ``lengths``
+    makes it varlen. ``params["lower_bound"]`` bounds the inputs' gates and is the promise of the
+    bounded rows; the default rows promise nothing (``gate_lower_bound=None``). ``extras=False``
+    times the like-with-like pairs only (no fused row, no spec variants); ``extra_params`` are
+    stored in the params (JSON-able, e.g. a grid's split label)."""
     if lengths is not None:
         if B != 1 or sum(lengths) != T:
             raise ValueError("varlen: B must be 1 and T the sum of the lengths")
+    HV = H if HV is None else HV
+    K = head_dim if K is None else K
+    V = K if V is None else V
     n = len(lengths) if lengths else B
     params = {
-        "B": B, "T": T, "H": H, "HV": H, "K": head_dim, "V": head_dim, "dtype": dtype,
+        "B": B, "T": T, "H": H, "HV": HV, "K": K, "V": V, "dtype": dtype,
         "lower_bound": LOWER_BOUND, "lengths": list(lengths) if lengths else None,
-        "production": production,
+        "production": production, **({} if extras else {"extras": False}),
+        **(extra_params or {}),
     }  # fmt: skip
     if name is None:
         shape = f"varlen{n}-t{T}-h{H}" if lengths else f"b{B}-t{T}-h{H}"
@@ -184,13 +191,13 @@ def make_case(B: int, T: int, H: int, *, lengths: tuple[int, ...] | None = None,
     case = BenchCase(
         name=name,
         params=params,
-        flops=kda_flops(tokens, H, head_dim, head_dim),
+        flops=kda_flops(tokens, HV, K, V),
         bytes=kda_bytes(
             tokens,
             H,
-            H,
-            head_dim,
-            head_dim,
+            HV,
+            K,
+            V,
             act_bytes=DTYPE_BYTES[dtype],
             g_bytes=DTYPE_BYTES[dtype],
             beta_bytes=DTYPE_BYTES[dtype],
@@ -200,11 +207,12 @@ def make_case(B: int, T: int, H: int, *, lengths: tuple[int, ...] | None = None,
             gate_params=production,
         ),  # fmt: skip
         tokens=tokens,
-        heads=H,
-        bh=n * H,
+        heads=HV,
+        bh=n * HV,
         tags=tags,
         description=("production argument set, " if production else "")
-        + (f"varlen lengths {', '.join(map(str, lengths))}" if lengths else f"B={B} T={T} H={H}"),
+        + (f"varlen lengths {', '.join(map(str, lengths))}" if lengths else f"B={B} T={T} H={H}")
+        + ("" if (HV, K, V) == (H, HEAD_DIM, HEAD_DIM) else f" HV={HV} K={K} V={V}"),
     )
     try:
         impls = planned_impls(case, target)
@@ -231,6 +239,11 @@ def cases() -> tuple[BenchCase, ...]:
 
 
 # --- problems, selections and spec variants (CPU-safe) ------------------------------------------
+
+
+def has_extras(params) -> bool:
+    """Whether a case times the fused row and spec variants beside its pairs."""
+    return params.get("extras", True)
 
 
 def has_default_pair(params) -> bool:
@@ -391,6 +404,8 @@ def planned_impls(case: BenchCase, target="sm90") -> tuple[str, ...]:
         dsel = select(problem_of(params, bounded=False), target)
         names += [_kreg_names(dsel.candidate.name)[0], PEER]
     names += [_kreg_names(sel.candidate.name)[1], SAFE_PEER]
+    if not has_extras(params):
+        return tuple(names)
     try:
         select(problem, target, algorithm="kda.fused", allow_opt_in=True)
         names.append(FUSED)
@@ -577,13 +592,14 @@ def prepare(case: BenchCase, target, device) -> Prepared:
     impls.append(kreg_impl(bounded_name, sel, kw, lambda: kda_prefill(**kw, target=target),
                            SAFE_PEER))  # fmt: skip
     impls.append(fla_impl(SAFE_PEER, safe_gate=True))
-    try:
-        fsel = select(problem, target, algorithm="kda.fused", allow_opt_in=True)
-        impls.append(kreg_impl(FUSED, fsel, kw, lambda: kda_prefill(
-            **kw, algorithm="kda.fused", allow_opt_in=True, target=target), SAFE_PEER))  # fmt: skip
-    except NoCandidateError as e:
-        impls.append(Skip(FUSED, str(e).splitlines()[0]))
-    if sel.candidate.name == "kda.split":
+    if has_extras(params):
+        try:
+            fsel = select(problem, target, algorithm="kda.fused", allow_opt_in=True)
+            impls.append(kreg_impl(FUSED, fsel, kw, lambda: kda_prefill(
+                **kw, algorithm="kda.fused", allow_opt_in=True, target=target), SAFE_PEER))  # fmt: skip
+        except NoCandidateError as e:
+            impls.append(Skip(FUSED, str(e).splitlines()[0]))
+    if sel.candidate.name == "kda.split" and has_extras(params):
         for spec in split_variants(problem, target, sel.spec):
             impls.append(kreg_impl(spec_label(spec, sel.spec), attrs.evolve(sel, spec=spec), kw,
                                    None, SAFE_PEER))  # fmt: skip
@@ -597,8 +613,9 @@ def prepare(case: BenchCase, target, device) -> Prepared:
                     notes=tuple(notes), pairs=pairs)  # fmt: skip
 
 
-def run(bench_cases, **options) -> dict:
-    """Scenario entry point: measure ``bench_cases`` (see :func:`kreg.bench.run_cases`)."""
+def run(bench_cases, *, scenario: str = "kda", doc: str = HARNESS_DOC, **options) -> dict:
+    """Scenario entry point: measure ``bench_cases`` (see :func:`kreg.bench.run_cases`); the
+    grid scenario passes its own name and page text."""
     import torch
 
     versions = {}
@@ -617,7 +634,7 @@ def run(bench_cases, **options) -> dict:
     # fla persists autotuning results (FLA_CACHE_RESULTS=1 by default): the compiling workers
     # share the GPU, so they must not, and fla tunes in the measuring process on an idle GPU.
     options.setdefault("worker_env", {"FLA_CACHE_RESULTS": "0"})
-    return run_cases("kda", bench_cases, prepare, doc=HARNESS_DOC, meta=meta, **options)
+    return run_cases(scenario, bench_cases, prepare, doc=doc, meta=meta, **options)
 
 
 def scenario():

@@ -6,7 +6,7 @@ from kreg.problems import LinearAttentionProblem
 from kreg.registry.hookspecs import hookimpl
 from kreg.registry.model import Candidate, Family, Verdict
 
-from . import specs
+from . import model, specs
 from .builders import (
     build_kda_chunk_fixup,
     build_kda_chunk_fused,
@@ -102,6 +102,7 @@ SPLIT = Candidate(
     accepts=accepts,
     specialize=specs.specialize_split,
     cost=split_cost,
+    predict=model.predict,
     priority=10,
     description="prep kernel (tiles, one program per chunk) + scan kernel (recurrence)",
 )
@@ -152,6 +153,8 @@ def kreg_register_golden_cases(register):
 
 @hookimpl
 def kreg_register_scenarios(register):
+    from . import grid
     from .bench import scenario
 
     register(scenario())
+    register(grid.scenario())
