@@ -438,7 +438,13 @@ def _pool_slots(indices, indices_cpu, pool):
     copy); return the int64 device indices the kernel reads, or None without a pool."""
     if indices is None:
         return None
-    host = indices if indices.device.type == "cpu" else indices_cpu
+    host = (
+        indices_cpu
+        if indices_cpu is not None
+        else indices
+        if indices.device.type == "cpu"
+        else None
+    )
     if host is not None:
         slots = host.to(torch.int64)
         size = pool.shape[0]

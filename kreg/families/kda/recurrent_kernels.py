@@ -37,7 +37,9 @@ def _finite0(x):
     return tl.sum(x * 0.0, axis=0)
 
 
-@triton.jit
+# T (the packed token count changes every decode step) and P (the pool size) are not specialised:
+# one compiled kernel serves every step, and the AOT build is it whatever values a build assumes.
+@triton.jit(do_not_specialize=["T", "P"])
 def kda_recurrent_kernel(
     q, k, v, g, beta, alog, dtb,
     o, h0, ht, state_idx, cu_seqlens,
