@@ -188,6 +188,7 @@ def kreg_register_golden_cases(register):
 
 @hookimpl
 def kreg_register_scenarios(register):
-    from .bench import scenario
+    from . import bench, bench_decode
 
-    register(scenario())
+    register(bench.scenario())
+    register(bench_decode.scenario())

@@ -67,7 +67,6 @@ def enumerate_recurrent_specs(target: Target) -> list[KdaRecurrentSpec]:
 
 
 def is_valid_recurrent_spec(spec: KdaRecurrentSpec, target: Target, problem=None) -> Verdict:
-    threads = spec.num_warps * target.warp_size
     regs = spec.state_registers(target.warp_size)
     budget = STATE_REGISTER_SHARE * target.max_registers_per_thread
     return Verdict.check(
@@ -85,9 +84,6 @@ def is_valid_recurrent_spec(spec: KdaRecurrentSpec, target: Target, problem=None
         (spec.state_dtype in ("fp32", "bf16"), f"state_dtype={spec.state_dtype!r} not fp32/bf16"),
         (not spec.state_pool or spec.initial_state,
          "state_pool needs initial_state (the pool holds the states)"),
-        (threads <= spec.head_dim_k * spec.block_v,
-         f"{spec.num_warps} warps x {target.warp_size} lanes exceed the {spec.head_dim_k} x "
-         f"{spec.block_v} state block: lanes would hold copies"),
         (regs <= budget,
          f"state block {spec.head_dim_k} x {spec.block_v} fp32 takes {regs:g} registers per "
          f"thread at {spec.num_warps} warps > {budget:g} ({STATE_REGISTER_SHARE:g} of "
