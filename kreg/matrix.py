@@ -88,7 +88,9 @@ def _linear_attention_probe() -> tuple[type, Probe]:
     options += [
         Option("states / layouts", "output_final_state", {"output_final_state": True}),
         Option("states / layouts", "output_chunk_states", {"output_chunk_states": True}),
-    ]
+        Option("states / layouts", "state pool (in place)",
+               {"state_pool": True, "initial_state": True, "output_final_state": True}),
+    ]  # fmt: skip
     options += [
         Option("states / layouts", f"layout {layout}", {"state_layout": layout, "initial_state": True})
         for layout in la.STATE_LAYOUTS

@@ -46,7 +46,10 @@ def test_family_page_content(reg):
     ]:  # fmt: skip
         assert want in text, want
     index = (ROOT / docsgen.INDEX).read_text()
-    assert "| kda | `LinearAttentionProblem` | `kda.split`, `kda.fused` (opt-in) |" in index
+    assert (
+        "| kda | `LinearAttentionProblem` | `kda.recurrent`, `kda.split`, `kda.fused` (opt-in) |"
+        in index
+    )
     assert "[docs/families/kda.md](families/kda.md)" in index
 
 

@@ -70,10 +70,11 @@ def test_kda_cases_cover_off_by_default_fields(reg, stored):
     """The cases turn on every spec field that is off by default, and each is pinned somewhere."""
     sub = _sub(stored)
     kda = {n: c for n, c in reg.golden_cases.items() if c.candidate.startswith("kda.")}
-    assert 10 <= len(kda) <= 14
+    assert 10 <= len(kda) <= 16
     seen = set()
     for case in kda.values():
-        for part in (case.spec.tile, case.spec.scan):
+        parts = [getattr(case.spec, n) for n in ("tile", "scan") if hasattr(case.spec, n)]
+        for part in parts or [case.spec]:  # the recurrent spec is one flat spec
             for f in attrs.fields(type(part)):
                 value = getattr(part, f.name)
                 if value != f.default and isinstance(value, (bool, str)):
@@ -84,10 +85,10 @@ def test_kda_cases_cover_off_by_default_fields(reg, stored):
         ("gate_activation", "sigmoid_bound"), ("gate_activation", "softplus"),
         ("qk_l2norm", True), ("beta_sigmoid", True), ("varlen", True), ("initial_state", True),
         ("output_final_state", True), ("output_chunk_states", True), ("state_layout", "vk"),
-        ("dtype", "fp16"), ("state_dtype", "bf16"),
+        ("dtype", "fp16"), ("state_dtype", "bf16"), ("state_pool", True),
     ]:  # fmt: skip
         assert want in seen, want
-    assert any(c.spec.scan.segment_chunks for c in kda.values())
+    assert any(getattr(getattr(c.spec, "scan", None), "segment_chunks", 0) for c in kda.values())
     for key, value in sub.items():
         if "skipped" in value:
             assert value["skipped"], key  # skipped on a target: recorded with the reasons

@@ -36,6 +36,7 @@ def no_launch(monkeypatch):
     monkeypatch.setattr(api, "interpreting", lambda: True)
     monkeypatch.setattr(launch, "run_split", boom)
     monkeypatch.setattr(launch, "run_fused", boom)
+    monkeypatch.setattr(launch, "run_recurrent", boom)
 
 
 def make(B=1, T=8, H=2, HV=2, K=32, V=32, dtype=torch.float16):
@@ -488,6 +489,7 @@ def test_cpu_without_interpreter(monkeypatch):
         raise Launched
 
     monkeypatch.setattr(launch, "run_split", boom)
+    monkeypatch.setattr(launch, "run_recurrent", boom)
     expect("q", make(), "TRITON_INTERPRET=1")
     expect("q", make(dtype=torch.float32), "TRITON_INTERPRET=1")
 

@@ -61,7 +61,11 @@ def test_builtin_targets_are_registered():
     registry = get_registry()
     for name, target in TARGETS.items():
         assert registry.targets[name] == target
-    assert [c.name for c in get_registry().families["kda"].candidates] == ["kda.split", "kda.fused"]
+    assert [c.name for c in get_registry().families["kda"].candidates] == [
+        "kda.split",
+        "kda.recurrent",
+        "kda.fused",
+    ]
 
 
 # --- tile (prep) spec rules ---------------------------------------------------------------------

@@ -63,9 +63,12 @@ def test_wrapper_mirrors_kda_prefill_keywords():
     for name, p in ref.items():
         assert got[name].kind == p.kind, name
         assert got[name].default == p.default, name
-    # the raw op takes the same arguments in the same order
+    # the raw op takes the same arguments in the same order, but for the state pool's (the
+    # wrapper refuses them: the schema declares no mutated input)
     op_args = [a.name for a in torch.ops.kreg.kda_prefill.default._schema.arguments]
-    assert op_args == list(ref)
+    assert op_args == [n for n in ref if n not in torch_op._POOL_ARGS]
+    with pytest.raises(ValueError, match="^initial_state_indices: state pools are not served"):
+        kda_prefill_op(*[torch.zeros(1)] * 5, initial_state_indices=torch.zeros(1))
 
 
 # --- fake implementation -------------------------------------------------------------------------

@@ -1,9 +1,11 @@
-"""``chunk_kda`` with fla-core 0.6.0's signature (``fla/ops/kda/chunk.py``), served by
-``kreg.families.kda.kda_prefill``.
+"""``chunk_kda`` and ``fused_recurrent_kda`` with fla-core 0.6.0's signatures
+(``fla/ops/kda/chunk.py``, ``fla/ops/kda/fused_recurrent.py``), served by
+``kreg.families.kda.kda_prefill`` (whose dispatcher runs the recurrent kernel for short
+sequences and the chunked one for long ones, whichever function was called).
 
 Moving from fla is one import change::
 
-    from kreg.compat.fla import chunk_kda  # was: from fla.ops.kda import chunk_kda
+    from kreg.compat.fla import chunk_kda, fused_recurrent_kda  # was: from fla.ops.kda import ...
 
 Every argument fla accepts is served or refused with a ``ValueError`` whose message starts with
 the argument's name; see ``chunk_kda``'s docstring for the mapping.
@@ -19,6 +21,9 @@ from kreg.families.kda import kda_prefill
 
 # the keyword-only names fla 0.6.0 reads from ``**kwargs``
 _KWARGS = ("A_log", "dt_bias", "chunk_size", "transpose_state_layout")
+# fused_recurrent_kda's: fla's deprecated layout name, and the state pool (kreg's extension,
+# under SGLang's name and vLLM's / fla's kernel-level name)
+_RECURRENT_KWARGS = ("transpose_state_layout", "initial_state_indices", "ssm_state_indices")
 
 
 def _fail(name: str, message: str):
@@ -33,6 +38,25 @@ def _flag(name: str, value) -> bool:
 
 def _contiguous(x):
     return x.contiguous() if isinstance(x, torch.Tensor) else x
+
+
+def _known_kwargs(function: str, kwargs: dict, known) -> None:
+    """fla ignores unknown keywords silently, which would hide a misspelt ``A_log``."""
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        raise TypeError(f"{function}() got unexpected keyword argument(s) {', '.join(unknown)}")
+
+
+def _renamed_layout(kwargs: dict, state_v_first):
+    """``state_v_first``, or fla's deprecated ``transpose_state_layout`` (warned, as fla does)."""
+    if "transpose_state_layout" not in kwargs:
+        return state_v_first
+    if state_v_first:
+        _fail("transpose_state_layout", "cannot be passed together with state_v_first "
+                                        "(its new name)")  # fmt: skip
+    warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
+                  DeprecationWarning, stacklevel=3)  # fmt: skip
+    return kwargs["transpose_state_layout"]
 
 
 def chunk_kda(
@@ -99,16 +123,8 @@ def chunk_kda(
     bf16 (fla requires fp32); inputs that require grad are refused (``kda_prefill`` has no
     backward), where fla would build a graph.
     """
-    unknown = sorted(set(kwargs) - set(_KWARGS))
-    if unknown:
-        raise TypeError(f"chunk_kda() got unexpected keyword argument(s) {', '.join(unknown)}")
-    if "transpose_state_layout" in kwargs:
-        if state_v_first:
-            _fail("transpose_state_layout", "cannot be passed together with state_v_first "
-                                            "(its new name)")  # fmt: skip
-        warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
-                      DeprecationWarning, stacklevel=2)  # fmt: skip
-        state_v_first = kwargs["transpose_state_layout"]
+    _known_kwargs("chunk_kda", kwargs, _KWARGS)
+    state_v_first = _renamed_layout(kwargs, state_v_first)
 
     if cp_context is not None:
         _fail("cp_context", "context parallel is not built in kreg (issue 16); pass None")
@@ -168,4 +184,105 @@ def chunk_kda(
         use_qk_l2norm=use_qk_l2norm_in_kernel,
         use_beta_sigmoid=use_beta_sigmoid_in_kernel,
         state_layout=state_layout,
+    )  # fmt: skip
+
+
+def fused_recurrent_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    lower_bound: float | None = None,
+    state_v_first: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    **kwargs,
+):
+    """fla 0.6.0's ``fused_recurrent_kda`` (forward only), run by ``kda_prefill``.
+
+    Returns ``(o, final_state)`` as fla does: o ``[B, T, HV, V]`` in v's dtype, final_state
+    ``[N, HV, K, V]`` fp32 (``[N, HV, V, K]`` with ``state_v_first``) or None unless
+    ``output_final_state``. The dispatcher serves it with ``kda.recurrent`` for decode-shaped
+    calls and with ``kda.split`` where that is estimated faster (longer sequences): the same
+    recurrence, within rounding.
+
+    Mapping to ``kda_prefill``:
+
+    - ``use_qk_l2norm_in_kernel`` -> ``use_qk_l2norm``; ``use_beta_sigmoid_in_kernel`` ->
+      ``use_beta_sigmoid``; ``state_v_first`` -> ``state_layout="vk"``; ``scale``,
+      ``initial_state``, ``output_final_state``, ``cu_seqlens`` (int64 or int32) pass through.
+    - ``use_gate_in_kernel=True``: with ``lower_bound`` set, ``gate_activation="sigmoid_bound"``
+      (``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``; ``A_log`` None: factor 1, as in
+      fla); with ``lower_bound`` None, ``gate_activation="softplus"``
+      (``-exp(A_log) * softplus(g + dt_bias)``; ``A_log`` is then required: fla would silently
+      use the factor exp(1), its chunk_kda refuses, and so does this). ``dt_bias`` ``[HV * K]``
+      or ``[HV, K]`` (the layout fla's kernel reads; its docstring's ``[HV]`` is not).
+    - ``use_gate_in_kernel=False``: ``A_log``, ``dt_bias`` and ``lower_bound`` are ignored, as
+      fla ignores them (g is the log-decay; the recurrence is exact for any g <= 0).
+    - kreg's extension in ``**kwargs``: ``initial_state_indices`` (SGLang's name) or
+      ``ssm_state_indices`` (fla's and vLLM's kernel-level name), ``[N]`` int32 / int64 slots
+      of a state pool passed as ``initial_state`` ``[P, HV, K, V]``: final states are written
+      back into the pool in place and the pool is returned as the final state (see
+      ``kda_prefill``; fla's public function ignores these names).
+    - Refused (``ValueError`` naming the argument): ``allow_neg_eigval=True`` (beta in [0, 2)),
+      a per-column beta ``[B, T, HV, V]`` (fla's headwise beta), 2-d state indices (fla's
+      speculative-decoding layout). Other keyword names raise ``TypeError`` (fla ignores them
+      silently).
+
+    Differences from fla: tensors are made contiguous first (fla's ``input_guard`` does the
+    same); ``initial_state`` fp32 or bf16 (fla reads any float dtype); inputs that require grad
+    are refused (no backward).
+    """
+    _known_kwargs("fused_recurrent_kda", kwargs, _RECURRENT_KWARGS)
+    state_v_first = _renamed_layout(kwargs, state_v_first)
+    if "initial_state_indices" in kwargs and "ssm_state_indices" in kwargs:
+        _fail("ssm_state_indices", "pass the pool slots once: initial_state_indices or "
+                                   "ssm_state_indices")  # fmt: skip
+    name = "ssm_state_indices" if "ssm_state_indices" in kwargs else "initial_state_indices"
+    indices = kwargs.get(name)
+    if isinstance(indices, torch.Tensor) and indices.dim() != 1:
+        _fail(name, f"expected [N] slots, got shape {tuple(indices.shape)} (2-d per-token slots "
+                    "for speculative decoding are not served)")  # fmt: skip
+    if _flag("allow_neg_eigval", allow_neg_eigval):
+        _fail("allow_neg_eigval", "True (beta in [0, 2)) is not served by kreg; pass False")
+    if isinstance(beta, torch.Tensor) and isinstance(v, torch.Tensor) and beta.dim() == v.dim():
+        _fail("beta", f"per-column beta {tuple(beta.shape)} ([B, T, HV, V]) is not served; pass "
+                      "[B, T, HV]")  # fmt: skip
+    gate_activation, gate_lower_bound = "none", None
+    if _flag("use_gate_in_kernel", use_gate_in_kernel):
+        if lower_bound is None:
+            if A_log is None:
+                _fail("A_log", "must be provided when use_gate_in_kernel=True and lower_bound "
+                               "is not set")  # fmt: skip
+            gate_activation = "softplus"
+        else:
+            gate_activation, gate_lower_bound = "sigmoid_bound", lower_bound
+    else:
+        A_log = dt_bias = None  # ignored, as fla ignores them
+    q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, indices = map(
+        _contiguous, (q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, indices)
+    )
+    return kda_prefill(
+        q, k, v, g, beta,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        gate_lower_bound=gate_lower_bound,
+        cu_seqlens=cu_seqlens,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        gate_activation=gate_activation,
+        use_qk_l2norm=_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel),
+        use_beta_sigmoid=_flag("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel),
+        state_layout="vk" if _flag("state_v_first", state_v_first) else "kv",
+        initial_state_indices=indices,
     )  # fmt: skip

@@ -4,7 +4,8 @@ Every candidate of every family whose problem type matches (or of the one family
 ``family=``) goes through four stages, each
 recorded in the trace: ``problem`` (``accepts``), ``target`` (the candidate's targets),
 ``spec`` (enumerate, specialize to the problem, validate) and ``ranked`` (priority, opt-in,
-then the ranker picks the winner's spec).
+then, among one family's candidates of the top priority, the estimated cost of each one's chosen
+spec; the ranker picks the specs).
 """
 
 from __future__ import annotations
@@ -155,31 +156,48 @@ def _select(registry, problem, target, algorithm, allow_opt_in, family=None) -> 
         if specs:
             passed.append((c, specs))
 
-    winner = None
+    eligible = []
     for c, specs in passed:
         if c.opt_in and not allow_opt_in and pinned is None:
             # said first: an opt-in candidate never wins under "auto", whatever it ranks
             trace.append(TraceEntry(c.name, "ranked", False, f"opt-in: {c.opt_in_reason}"))
-        elif winner is not None:
-            trace.append(
-                TraceEntry(
-                    c.name,
-                    "ranked",
-                    False,
-                    f"outranked by {winner[0].name} (priority {c.priority} < {winner[0].priority})"
-                    if c.priority < winner[0].priority
-                    else f"outranked by {winner[0].name} (same priority {c.priority}, by name)",
-                )
-            )
         else:
-            family = registry.families[c.family]
-            spec, decided_by = ranker.choose_spec(c, family, specs, problem, target)
-            winner = (c, spec, decided_by)
-            trace.append(
-                TraceEntry(
-                    c.name, "ranked", True, f"selected (priority {c.priority}); {decided_by}"
-                )
-            )
+            eligible.append((c, specs))
+    # The highest priority ranks first. Several candidates of one family at that priority are
+    # ranked by the estimated cost of each one's chosen spec (a family's costs share one unit),
+    # then by name; candidates of different families, or without a cost, by name.
+    top = eligible[0][0].priority if eligible else None
+    tied = [(c, specs) for c, specs in eligible if c.priority == top]
+    chosen = []
+    for c, specs in tied:
+        spec, decided_by = ranker.choose_spec(c, registry.families[c.family], specs, problem,
+                                              target)  # fmt: skip
+        cost = c.cost(spec, problem, target) if c.cost is not None else None
+        chosen.append((c, spec, decided_by, cost))
+    by_cost = (
+        len(chosen) > 1
+        and len({x[0].family for x in chosen}) == 1
+        and all(x[3] is not None for x in chosen)
+    )
+    if by_cost:
+        chosen.sort(key=lambda x: x[3])  # stable: equal costs keep the name order
+    winner = chosen[0][:3] if chosen else None
+    tied_cost = {x[0].name: x[3] for x in chosen}
+    for c, _ in eligible:
+        if c is winner[0]:
+            why = f"selected (priority {c.priority}); {winner[2]}"
+            if by_cost:
+                rivals = ", ".join(f"{n} {v:.4g}" for n, v in tied_cost.items() if n != c.name)
+                why += f"; cost {tied_cost[c.name]:.4g} beats {rivals} at the same priority"
+            trace.append(TraceEntry(c.name, "ranked", True, why))
+        elif c.name in tied_cost:
+            why = (f"estimated cost {tied_cost[c.name]:.4g} > {tied_cost[winner[0].name]:.4g}"
+                   if by_cost else "by name")  # fmt: skip
+            trace.append(TraceEntry(c.name, "ranked", False, f"outranked by {winner[0].name} "
+                                    f"(same priority {c.priority}, {why})"))  # fmt: skip
+        else:
+            trace.append(TraceEntry(c.name, "ranked", False, f"outranked by {winner[0].name} "
+                                    f"(priority {c.priority} < {winner[0].priority})"))  # fmt: skip
     trace_t = tuple(trace)
     if winner is None:
         what = f"candidate {pinned.name}" if pinned else "no candidate"

@@ -79,6 +79,9 @@ class LinearAttentionProblem:
     output_final_state: bool = attrs.field(default=False, validator=_bool)
     state_layout: str = attrs.field(default="kv", validator=_one_of(STATE_LAYOUTS))
     output_chunk_states: bool = attrs.field(default=False, validator=_bool)
+    # the states live in a pool [P, HV, K, V] read and written in place through per-sequence
+    # slots (``initial_state_indices``): needs initial_state and output_final_state
+    state_pool: bool = attrs.field(default=False, validator=_bool)
     varlen: bool = attrs.field(default=False, validator=_bool)
     num_seqs: int | None = None  # defaults to batch; the sequence count with varlen
     # the longest sequence's tokens with varlen (an upper bound is fine: it plans, never indexes);
@@ -118,6 +121,9 @@ class LinearAttentionProblem:
                 raise ValueError(f"max_seqlen ({self.max_seqlen}) is below the mean: "
                                  f"{self.num_seqs} sequences of at most {self.max_seqlen} "
                                  f"tokens cannot fill seq_len={self.seq_len}")  # fmt: skip
+        if self.state_pool and not (self.initial_state and self.output_final_state):
+            raise ValueError("state_pool needs initial_state and output_final_state (the pool's "
+                             "slots are read and written in place)")  # fmt: skip
         if self.gate_activation == "softplus" and self.gate_lower_bound is not None:
             raise ValueError("gate_lower_bound must be None with gate_activation='softplus'")
         if self.gate_activation == "sigmoid_bound" and self.gate_lower_bound is None:

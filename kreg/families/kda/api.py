@@ -50,9 +50,16 @@ def kda_prefill(
     allow_opt_in: bool = False,
     target=None,
     max_seqlen: int | None = None,
+    initial_state_indices: torch.Tensor | None = None,
+    initial_state_indices_cpu: torch.Tensor | None = None,
 ):
-    """Chunkwise KDA prefill. Returns ``(o, final_state)``, or ``(o, final_state, chunk_states)``
-    with ``output_chunk_states``.
+    """KDA prefill or decode step. Returns ``(o, final_state)``, or
+    ``(o, final_state, chunk_states)`` with ``output_chunk_states``.
+
+    One entry for both: the dispatcher serves short sequences (decode, a few speculative
+    tokens) with ``kda.recurrent``, the token-serial recurrence, and longer ones with the
+    chunked ``kda.split``, whichever its latency model estimates cheaper for the longest
+    sequence (``kreg explain`` shows the estimates).
 
     Layouts (as the public peers): q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; g ``[B, T, HV, K]``
     (log-decay, or the raw gate input with ``gate_activation``); beta ``[B, T, HV]``; states
@@ -83,11 +90,29 @@ def kda_prefill(
     extra device sync; a given one must be >= that length. Without ``cu_seqlens``: None or T.
     ``output_chunk_states``: also return the state at the start of every chunk,
     ``[total chunks, HV, K, V]`` fp32, chunks in sequence order (for prefix caching).
+
+    State pools (the serving engines' state cache): ``initial_state`` a pool ``[P, HV, K, V]``
+    (``[P, HV, V, K]`` with ``state_layout="vk"``; fp32 or bf16) and ``initial_state_indices``
+    ``[N]`` int32 or int64 on q's device: sequence n starts from slot ``indices[n]`` and its
+    final state is written back into that slot, in place, by the kernel (no gather or scatter
+    copy); the returned final state is the pool itself, whatever ``output_final_state``. A
+    negative index (SGLang's padding slot, -1) starts from zeros and writes nothing back. Served
+    by ``kda.recurrent`` at any length (the chunked kernels take no pools yet). The index values
+    are checked before launch (an index >= P, or a slot two sequences share, raises
+    ``ValueError`` naming ``initial_state_indices``) when they are readable without a device
+    sync: CPU indices, or ``initial_state_indices_cpu``, a host copy of the device indices,
+    whose values the kernel then trusts the device tensor to equal. Device indices alone (a
+    graph-captured decode step) are not read on the host: an index >= P then makes that
+    sequence's outputs NaN and touches no memory outside the pool; a repeated slot is not
+    detected (two sequences write one slot, the last writer wins). Under CUDA graph capture
+    pass device indices; the captured graph reads them at every replay. int32 indices are
+    converted to int64 on the device (one small kernel; pass int64 to avoid it).
     """
     problem, call = _prepare(
         q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound,
         cu_seqlens, cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm,
         use_beta_sigmoid, state_layout, output_chunk_states, max_seqlen,
+        initial_state_indices, initial_state_indices_cpu,
     )  # fmt: skip
     selection = select(problem, target=_target(q, target), algorithm=algorithm,
                        allow_opt_in=allow_opt_in, family="kda")  # fmt: skip
@@ -97,6 +122,8 @@ def kda_prefill(
 def run_selection(selection, call: launch.Call, problem: LinearAttentionProblem):
     """Launch the selected candidate's kernels on prepared tensors."""
     spec = selection.spec
+    if selection.candidate.name == "kda.recurrent":
+        return launch.run_recurrent(call, spec)[:2]  # no chunk states: the candidate refuses them
     if selection.candidate.name == "kda.fused":
         o, ht, hs = launch.run_fused(call, spec)
     else:
@@ -237,7 +264,8 @@ class Checked:
 def _validate(
     q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound, cu_seqlens,
     cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm, use_beta_sigmoid,
-    state_layout, output_chunk_states, max_seqlen=None,
+    state_layout, output_chunk_states, max_seqlen=None, initial_state_indices=None,
+    initial_state_indices_cpu=None,
 ) -> Checked:  # fmt: skip
     """Every check that reads no tensor's values: types, shapes, dtypes, devices, contiguity,
     scalars, flags, and gradients. The one place of each check, shared by ``_prepare`` and the
@@ -301,7 +329,17 @@ def _validate(
     varlen = n_seqs is not None
     n_seqs = n_seqs if varlen else B
     max_seqlen = _check_max_seqlen(max_seqlen, T, varlen)
-    state_shape = (n_seqs, HV, K, V) if state_layout == "kv" else (n_seqs, HV, V, K)
+    pool = _check_pool_indices(initial_state_indices, initial_state_indices_cpu, n_seqs, device)
+    if pool and output_chunk_states:
+        _fail("initial_state_indices", "cannot be combined with output_chunk_states (state "
+                                       "pools are served by the recurrent form, chunk states "
+                                       "by the chunked one)")  # fmt: skip
+    if pool and initial_state is None:
+        _fail("initial_state", "the state pool [P, HV, K, V] is required with "
+                               "initial_state_indices")  # fmt: skip
+    as_pool = pool and isinstance(initial_state, torch.Tensor) and initial_state.dim() == 4
+    n_states = initial_state.shape[0] if as_pool else n_seqs
+    state_shape = (n_states, HV, K, V) if state_layout == "kv" else (n_states, HV, V, K)
     state_dtype = "fp32"
     if initial_state is not None:
         _check_tensor("initial_state", initial_state, state_shape, tuple(_STATE_DTYPES), device)
@@ -313,9 +351,9 @@ def _validate(
         dtype=_DTYPES[q.dtype], gate_lower_bound=gate_lower_bound,
         gate_activation=gate_activation, qk_l2norm=use_qk_l2norm,
         beta_sigmoid=use_beta_sigmoid, initial_state=initial_state is not None,
-        state_dtype=state_dtype, output_final_state=output_final_state,
+        state_dtype=state_dtype, output_final_state=output_final_state or pool,
         state_layout=state_layout, output_chunk_states=output_chunk_states,
-        varlen=varlen, num_seqs=n_seqs, max_seqlen=max_seqlen,
+        varlen=varlen, num_seqs=n_seqs, max_seqlen=max_seqlen, state_pool=pool,
     )  # fmt: skip
     return Checked(float(scale), A_log_view, dt_bias_view, fields)
 
@@ -337,12 +375,14 @@ def _check_device(q) -> None:
 def _prepare(
     q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound, cu_seqlens,
     cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm, use_beta_sigmoid,
-    state_layout, output_chunk_states, max_seqlen=None,
+    state_layout, output_chunk_states, max_seqlen=None, initial_state_indices=None,
+    initial_state_indices_cpu=None,
 ):  # fmt: skip
     checked = _validate(
         q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound,
         cu_seqlens, cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm,
-        use_beta_sigmoid, state_layout, output_chunk_states, max_seqlen,
+        use_beta_sigmoid, state_layout, output_chunk_states, max_seqlen, initial_state_indices,
+        initial_state_indices_cpu,
     )  # fmt: skip
     _check_device(q)
     cu_host, cu_dev = _offsets(cu_seqlens, cu_seqlens_cpu, int(q.shape[1]), q.device)
@@ -364,8 +404,62 @@ def _prepare(
         qk_l2norm=use_qk_l2norm, beta_sigmoid=use_beta_sigmoid, initial_state=initial_state,
         output_final_state=output_final_state, output_chunk_states=output_chunk_states,
         state_layout=state_layout, cu_seqlens=cu_dev, cu_seqlens_host=cu_host,
+        state_indices=_pool_slots(initial_state_indices, initial_state_indices_cpu,
+                                  initial_state),
     )  # fmt: skip
     return problem, call
+
+
+def _check_pool_indices(indices, indices_cpu, n_seqs, device) -> bool:
+    """The pool indices' types, dtypes, shapes and devices (no values); whether a pool is used."""
+    if indices is None:
+        if indices_cpu is not None:
+            _fail("initial_state_indices_cpu", "given without initial_state_indices")
+        return False
+    for name, x in (("initial_state_indices", indices), ("initial_state_indices_cpu", indices_cpu)):
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (n_seqs,):
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            _fail(name, f"expected a 1-d tensor [N] = ({n_seqs},), one slot per sequence, got "
+                        f"{got}")  # fmt: skip
+        if x.dtype not in _OFFSET_DTYPES:
+            _fail(name, f"dtype must be torch.int64 or torch.int32, got {x.dtype}")
+    if indices.device != device:
+        _fail("initial_state_indices", f"on {indices.device}, but q is on {device}")
+    if indices_cpu is not None and indices_cpu.device.type != "cpu":
+        _fail("initial_state_indices_cpu", f"must be a CPU tensor, is on {indices_cpu.device}")
+    _check_no_grad([("initial_state_indices", indices)])
+    return True
+
+
+def _pool_slots(indices, indices_cpu, pool):
+    """Check the slots on the host where that needs no device sync (CPU indices, or their host
+    copy); return the int64 device indices the kernel reads, or None without a pool."""
+    if indices is None:
+        return None
+    host = (
+        indices_cpu
+        if indices_cpu is not None
+        else indices
+        if indices.device.type == "cpu"
+        else None
+    )
+    if host is not None:
+        slots = host.to(torch.int64)
+        size = pool.shape[0]
+        if bool((slots >= size).any()):
+            bad = int(slots[slots >= size][0])
+            _fail("initial_state_indices", f"slot {bad} out of range for a pool of {size} "
+                                           f"states (valid: 0 to {size - 1}, or negative for "
+                                           "none)")  # fmt: skip
+        used = slots[slots >= 0]
+        if used.unique().numel() != used.numel():
+            values, counts = used.unique(return_counts=True)
+            _fail("initial_state_indices", f"slot {int(values[counts > 1][0])} is given to "
+                                           "more than one sequence: their final states would "
+                                           "race for it")  # fmt: skip
+    return indices if indices.dtype == torch.int64 else indices.to(torch.int64)
 
 
 def _gate_param(name, x, shape, also, also_text, device):

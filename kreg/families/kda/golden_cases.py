@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from kreg.registry.model import GoldenCase
 
+from .recurrent import KdaRecurrentSpec
 from .specs import KdaChunkFusedSpec, KdaScanSpec, KdaSplitSpec, KdaTileSpec
 
 
@@ -68,6 +69,18 @@ CASES = (
                note="every tile and scan option on at once"),
     GoldenCase("fused_fp16_softplus", "kda.fused",
                _fused(64, 16, dtype="fp16", tile=dict(gate_activation="softplus"))),
+    # the decode candidate: the dispatcher's sm90 pick for a one-token step at head dim 128,
+    # and every option on (a pool in place, varlen, gate, norms, vk) at head dim 64
+    GoldenCase("recurrent_d128", "kda.recurrent",
+               KdaRecurrentSpec(block_v=16, num_warps=1, num_stages=1, initial_state=True,
+                                output_final_state=True),
+               note="one decode step with states in and out"),
+    GoldenCase("recurrent_pool_all_options", "kda.recurrent",
+               KdaRecurrentSpec(64, 64, block_v=32, num_warps=2, num_stages=1,
+                                gate_activation="sigmoid_bound", qk_l2norm=True,
+                                beta_sigmoid=True, initial_state=True, output_final_state=True,
+                                state_pool=True, state_layout="vk", varlen=True),
+               note="state pool written in place, varlen, every option on"),
 )  # fmt: skip
 
 

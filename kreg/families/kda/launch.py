@@ -18,6 +18,7 @@ from .builders import (
     segment_combine_launch,
     segment_map_launch,
 )
+from .recurrent import recurrent_launch, recurrent_scalars
 from .runtime_args import scan_scalars, tile_scalars
 
 # The fixup kernel's programs, striding over the listed chunks: enough to fill an H200 (132 SMs)
@@ -50,6 +51,8 @@ class Call:
     # read only this, never the caller's unvalidated tensor
     cu_seqlens: torch.Tensor | None
     cu_seqlens_host: torch.Tensor | None = None  # the validated CPU offsets, int64
+    # int64 [N] slots of a state pool (``initial_state`` is then the pool [P, HV, K, V]), or None
+    state_indices: torch.Tensor | None = None
 
 
 def chunk_tables(call: Call, chunk: int):
@@ -185,3 +188,28 @@ def run_fused(call: Call, spec):
         **_scalars(call),
     )  # fmt: skip
     return o, ht, hs
+
+
+def run_recurrent(call: Call, spec):
+    """Launch the recurrence for a validated ``launch.Call``. Returns (o, final_state, None):
+    with a pool the final states are in the pool (returned as the final state)."""
+    B, T, H = call.q.shape[:3]
+    HV, V = call.v.shape[2], call.v.shape[3]
+    n = B if call.cu_seqlens is None else call.cu_seqlens.numel() - 1
+    o = torch.empty_like(call.v)
+    pool = call.state_indices is not None
+    ht = None
+    if pool:
+        ht = call.initial_state
+    elif call.output_final_state:
+        shape = (n, HV, call.k.shape[-1], V)
+        ht = torch.empty(shape if call.state_layout == "kv" else (*shape[:2], V, shape[2]),
+                         dtype=torch.float32, device=call.q.device)  # fmt: skip
+    scalars = recurrent_scalars(T, H, HV, call.initial_state.shape[0] if pool else 1,
+                                call.scale, call.lower_bound)  # fmt: skip
+    _launch(
+        recurrent_launch(spec), (n * HV, V // spec.block_v),
+        *_inputs(call), o, call.initial_state, None if pool else ht, call.state_indices,
+        call.cu_seqlens, **scalars,
+    )  # fmt: skip
+    return o, ht, None

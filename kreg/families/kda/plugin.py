@@ -1,4 +1,11 @@
-"""The KDA family's registration: candidates ``kda.split`` (default) and ``kda.fused`` (opt-in)."""
+"""The KDA family's registration: candidates ``kda.split`` (prefill), ``kda.recurrent``
+(decode-shaped problems and state pools) and ``kda.fused`` (opt-in).
+
+``kda.split`` and ``kda.recurrent`` share a priority: the dispatcher takes the one whose best
+spec has the lower estimated cost, in microseconds of the same latency model (``split_cost``,
+``recurrent.recurrent_cost``), so the threshold between them is where the model's costs cross,
+not a constant.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ from kreg.problems import LinearAttentionProblem
 from kreg.registry.hookspecs import hookimpl
 from kreg.registry.model import Candidate, Family, Verdict
 
-from . import model, specs
+from . import model, recurrent, specs
 from .builders import (
     build_kda_chunk_fixup,
     build_kda_chunk_fused,
@@ -31,7 +38,18 @@ def accepts(problem: LinearAttentionProblem) -> Verdict:
     return Verdict.check(
         (problem.gate == "per_channel",
          f"gate={problem.gate!r}: KDA gates are per-channel (broadcast a scalar gate over K)"),
+        (not problem.state_pool,
+         "state_pool: the chunked kernels read [N, HV, K, V] states; pools (initial_state_indices) "
+         "are served by kda.recurrent"),
     )  # fmt: skip
+
+
+# The chunked form's fixed latency beside its chains (microseconds on the H200, as
+# recurrent.LAUNCH_US): two kernel launches (prep, scan) and the prep kernel's chunk, which
+# every chain waits for. One unit of the scan model below is ~1.3 us: 1.6 us per dependent chunk
+# step measured at block_v / V = 1/4 (docs/kda/SPEED.md), i.e. 1.25 units.
+SPLIT_FIXED_US = 2 * recurrent.LAUNCH_US + 4.0
+SPLIT_UNIT_US = 1.3
 
 
 def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target) -> float:
@@ -46,7 +64,8 @@ def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target
     a varlen batch has at most ``ceil(chunks of all sequences / segment) + N`` busy segments
     (for fixed-length batches that bound never binds). It agrees with every H200 measurement in
     docs/kda/RESULTS.md on whether segments pay; measured tuning-table entries take precedence
-    where they exist.
+    where they exist. In estimated microseconds (an affine map of the scan model, so the ranking
+    of split specs is unchanged), to compare with ``kda.recurrent``.
     """
     scan = spec.scan
     chunk, n = spec.tile.chunk, problem.num_seqs
@@ -63,7 +82,9 @@ def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target
     waves = -(-programs // (2 * target.compute_units))
     width = scan.block_v / problem.head_dim_v
     # the safe anchor runs the block anchor's code on gates within its span: the same cost
-    return waves * steps * (1.0 + width) + 0.01 * spec.tile.num_warps
+    units = waves * steps * (1.0 + width) + 0.01 * spec.tile.num_warps
+    fixup_us = recurrent.LAUNCH_US if spec.tile.anchor == "safe" else 0.0  # the fixup kernel
+    return SPLIT_FIXED_US + fixup_us + SPLIT_UNIT_US * units  # microseconds, as recurrent's
 
 
 def fused_cost(spec: specs.KdaChunkFusedSpec, problem: LinearAttentionProblem, target) -> float:
@@ -107,6 +128,26 @@ SPLIT = Candidate(
     description="prep kernel (tiles, one program per chunk) + scan kernel (recurrence)",
 )
 
+RECURRENT = Candidate(
+    name="kda.recurrent",
+    family="kda",
+    problem_type=LinearAttentionProblem,
+    spec_types=(recurrent.KdaRecurrentSpec,),
+    enumerate_specs=recurrent.enumerate_recurrent_specs,
+    is_valid=recurrent.is_valid_recurrent_spec,
+    builders={
+        "recurrent": lambda spec, target, problem=None: recurrent.build_kda_recurrent(
+            spec, target, launch_shape(problem)
+        )
+    },
+    accepts=recurrent.accepts_recurrent,
+    specialize=recurrent.specialize_recurrent,
+    cost=recurrent.recurrent_cost,
+    priority=10,
+    description="token-serial recurrence, state in registers, one program per (sequence, value "
+    "head, V block); decode-shaped problems and state pools",
+)
+
 FUSED = Candidate(
     name="kda.fused",
     family="kda",
@@ -131,9 +172,10 @@ FUSED = Candidate(
 FAMILY = Family(
     name="kda",
     problem_type=LinearAttentionProblem,
-    candidates=(SPLIT, FUSED),
+    candidates=(SPLIT, RECURRENT, FUSED),
     abi_version=ABI_VERSION,
-    description="Kimi Delta Attention: chunkwise gated delta-rule linear attention prefill",
+    description="Kimi Delta Attention: gated delta-rule linear attention, chunkwise prefill and "
+    "token-serial decode",
     docs="docs/families/kda.md",
 )
 
@@ -153,8 +195,8 @@ def kreg_register_golden_cases(register):
 
 @hookimpl
 def kreg_register_scenarios(register):
-    from . import grid
-    from .bench import scenario
+    from . import bench, bench_decode, grid
 
-    register(scenario())
+    register(bench.scenario())
     register(grid.scenario())
+    register(bench_decode.scenario())

@@ -268,6 +268,10 @@ def kda_prefill_op(q, k, v, g, beta, **options):
     a = _PREFILL_SIGNATURE.bind(q, k, v, g, beta, **options)  # unknown keywords: TypeError
     a.apply_defaults()
     a = a.arguments
+    for name in _POOL_ARGS:  # the schema declares no mutated input
+        if a.pop(name) is not None:
+            _fail(name, "state pools are not served through the custom op (the pool is written "
+                        "in place, which its schema does not declare): call kda_prefill")  # fmt: skip
     for name in ("q", "k", "v", "g", "beta"):
         if not isinstance(a[name], torch.Tensor):
             _fail(name, f"expected a torch.Tensor, got {type(a[name]).__name__}")
@@ -299,6 +303,7 @@ def kda_prefill_op(q, k, v, g, beta, **options):
 
 
 _PREFILL_SIGNATURE = inspect.signature(api.kda_prefill)
+_POOL_ARGS = ("initial_state_indices", "initial_state_indices_cpu")
 kda_prefill_op.__signature__ = _PREFILL_SIGNATURE
 
 

@@ -1,0 +1,207 @@
+"""Candidate ``kda.recurrent``: the token-serial KDA recurrence for decode-shaped problems.
+
+Its spec, enumeration per target and validity rules; the one derivation of its launch from a
+spec (``recurrent_launch``), which both the launcher (``launch.run_recurrent``) and the AOT builder
+(``build_kda_recurrent``) use, so the golden artifact is the kernel that runs; and the latency
+model the dispatcher compares against the chunked form's (``plugin.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import attrs
+
+from kreg.registry.model import Artifact, Target, Verdict
+
+from . import kernels, recurrent_kernels
+from .builders import KernelLaunch, _compile, _inputs, _launch_values
+from .runtime_args import REPRESENTATIVE, LaunchShape
+from .specs import DTYPE_BYTES, HEAD_DIMS, _pow2
+
+BLOCK_VS = (16, 32, 64)
+WARPS = (1, 2, 4, 8)
+# Software pipelining of the token loop's loads (they never depend on the state). AMD's was never
+# measured: its scan enumerates one stage, here two at most.
+STAGES_BY_BACKEND = {"cuda": (1, 2, 3), "hip": (1, 2)}
+# The [K, block_v] fp32 state lives in registers: at most this share of a thread's registers, the
+# rest for the token's vectors, addresses and the reductions.
+STATE_REGISTER_SHARE = 0.5
+
+
+@attrs.frozen
+class KdaRecurrentSpec:
+    """The recurrence kernel: one program per (sequence, value head, V block), tokens in order."""
+
+    head_dim_k: int = 128
+    head_dim_v: int = 128
+    dtype: str = "bf16"
+    block_v: int = 32
+    num_warps: int = 4
+    num_stages: int = 2
+    gate_activation: str = "none"
+    qk_l2norm: bool = False
+    beta_sigmoid: bool = False
+    initial_state: bool = False
+    state_dtype: str = "fp32"
+    output_final_state: bool = False
+    # states in a pool [P, HV, K, V], read and written in place through per-sequence slots
+    state_pool: bool = False
+    state_layout: str = "kv"
+    varlen: bool = False
+
+    def state_registers(self, warp_size: int) -> float:
+        """fp32 registers per thread the state block takes."""
+        return self.head_dim_k * self.block_v / (self.num_warps * warp_size)
+
+
+def enumerate_recurrent_specs(target: Target) -> list[KdaRecurrentSpec]:
+    return [
+        KdaRecurrentSpec(d, d, block_v=bv, num_warps=w, num_stages=st)
+        for d in HEAD_DIMS
+        for bv in BLOCK_VS
+        if bv <= d
+        for w in WARPS
+        for st in STAGES_BY_BACKEND[target.backend]
+    ]
+
+
+def is_valid_recurrent_spec(spec: KdaRecurrentSpec, target: Target, problem=None) -> Verdict:
+    regs = spec.state_registers(target.warp_size)
+    budget = STATE_REGISTER_SHARE * target.max_registers_per_thread
+    return Verdict.check(
+        (spec.head_dim_k in HEAD_DIMS, f"head_dim_k={spec.head_dim_k} not in supported {HEAD_DIMS}"),
+        (spec.head_dim_v in HEAD_DIMS, f"head_dim_v={spec.head_dim_v} not in supported {HEAD_DIMS}"),
+        (spec.dtype in DTYPE_BYTES, f"dtype={spec.dtype!r} not in {tuple(DTYPE_BYTES)}"),
+        (_pow2(spec.block_v) and 16 <= spec.block_v <= spec.head_dim_v
+         and spec.head_dim_v % spec.block_v == 0,
+         f"block_v={spec.block_v} must be a power of 2 in [16, head_dim_v={spec.head_dim_v}]"),
+        (spec.num_warps in WARPS, f"num_warps={spec.num_warps} not in {WARPS}"),
+        (spec.num_stages >= 1, f"num_stages={spec.num_stages} must be >= 1"),
+        (spec.gate_activation in kernels.GATE_ACT,
+         f"gate_activation={spec.gate_activation!r} not in {tuple(kernels.GATE_ACT)}"),
+        (spec.state_layout in ("kv", "vk"), f"state_layout={spec.state_layout!r} not kv or vk"),
+        (spec.state_dtype in ("fp32", "bf16"), f"state_dtype={spec.state_dtype!r} not fp32/bf16"),
+        (not spec.state_pool or spec.initial_state,
+         "state_pool needs initial_state (the pool holds the states)"),
+        (regs <= budget,
+         f"state block {spec.head_dim_k} x {spec.block_v} fp32 takes {regs:g} registers per "
+         f"thread at {spec.num_warps} warps > {budget:g} ({STATE_REGISTER_SHARE:g} of "
+         f"{target.name}'s {target.max_registers_per_thread}): it would spill"),
+    )  # fmt: skip
+
+
+def specialize_recurrent(spec: KdaRecurrentSpec, problem) -> KdaRecurrentSpec | None:
+    """Problem fields filled in; a spec of another K does not match (V is the problem's, as in
+    the split enumeration)."""
+    if spec.head_dim_k != problem.head_dim_k:
+        return None
+    return attrs.evolve(
+        spec, head_dim_v=problem.head_dim_v, dtype=problem.dtype,
+        gate_activation=problem.gate_activation, qk_l2norm=problem.qk_l2norm,
+        beta_sigmoid=problem.beta_sigmoid, initial_state=problem.initial_state,
+        state_dtype=problem.state_dtype, output_final_state=problem.output_final_state,
+        state_pool=problem.state_pool, state_layout=problem.state_layout, varlen=problem.varlen,
+    )  # fmt: skip
+
+
+def accepts_recurrent(problem) -> Verdict:
+    return Verdict.check(
+        (problem.gate == "per_channel",
+         f"gate={problem.gate!r}: KDA gates are per-channel (broadcast a scalar gate over K)"),
+        (not problem.output_chunk_states,
+         "output_chunk_states: chunk states belong to the chunked form (kda.split serves them)"),
+    )  # fmt: skip
+
+
+# --- latency model (microseconds on the H200; the kda-decode benchmark measures it) ------------
+# A chain is one program's serial walk. One token step carries on its chain two passes over the
+# state block (decay, write) and its reduction over K (S^T k), through shared memory once the
+# block spans warps; the loads are off the chain (they never depend on the state).
+TOKEN_STEP_US = 0.25  # a token step of a one-warp program holding a small block
+ELEMENT_US = 0.002  # per state element a thread holds: ~4 dependent fp32 ops at ~1.8 GHz
+CROSS_WARP_US = 0.1  # the reduction's round trip through shared memory (a barrier)
+LAUNCH_US = 4.0  # one kernel node of a CUDA graph, launch to first wave
+# The serial chain's own registers beside the state block (vectors, addresses, reductions).
+CHAIN_REGISTERS = 40
+MAX_THREADS_PER_UNIT = 2048
+
+
+def token_step_us(spec: KdaRecurrentSpec, target: Target) -> float:
+    cross = CROSS_WARP_US if spec.num_warps > 1 else 0.0
+    return TOKEN_STEP_US + ELEMENT_US * spec.state_registers(target.warp_size) + cross
+
+
+def resident_programs(spec: KdaRecurrentSpec, target: Target) -> int:
+    """Programs that fit on one SM / CU at once, by registers and threads."""
+    threads = spec.num_warps * target.warp_size
+    regs = spec.state_registers(target.warp_size) + CHAIN_REGISTERS
+    by_regs = int(target.registers_per_unit // (regs * threads))
+    return max(1, min(by_regs, MAX_THREADS_PER_UNIT // threads))
+
+
+def recurrent_cost(spec: KdaRecurrentSpec, problem, target: Target) -> float:
+    """Estimated microseconds: one launch, then waves of chains, each as long as the longest
+    sequence in tokens (``problem.longest_seq``)."""
+    programs = problem.num_seqs * problem.heads_v * (problem.head_dim_v // spec.block_v)
+    waves = -(-programs // (resident_programs(spec, target) * target.compute_units))
+    return LAUNCH_US + waves * problem.longest_seq * token_step_us(spec, target)
+
+
+# --- launch derivation and AOT build -------------------------------------------------------------
+
+_SCALARS = {"T": "i32", "H": "i32", "HV": "i32", "P": "i32", "scale": "fp32",
+            "lower_bound": "fp32"}  # fmt: skip
+
+
+def recurrent_launch(spec: KdaRecurrentSpec) -> KernelLaunch:
+    constexprs = dict(
+        K=spec.head_dim_k, V=spec.head_dim_v, BV=spec.block_v,
+        GATE_ACT=kernels.GATE_ACT[spec.gate_activation], QK_L2=spec.qk_l2norm,
+        BETA_SIG=spec.beta_sigmoid, USE_H0=spec.initial_state,
+        STORE_HT=spec.output_final_state, POOL=spec.state_pool,
+        STATE_VK=spec.state_layout == "vk", VARLEN=spec.varlen,
+    )  # fmt: skip
+    return KernelLaunch(recurrent_kernels.kda_recurrent_kernel, constexprs, spec.num_warps,
+                        spec.num_stages)  # fmt: skip
+
+
+def recurrent_absent(spec: KdaRecurrentSpec) -> dict:
+    """Pointers a launch passes as None for this spec."""
+    out = dict.fromkeys(("alog", "dtb")) if spec.gate_activation == "none" else {}
+    if not spec.varlen:
+        out["cu_seqlens"] = None
+    if not spec.state_pool:
+        out["state_idx"] = None
+        if not spec.initial_state:
+            out["h0"] = None
+    if spec.state_pool or not spec.output_final_state:
+        out["ht"] = None  # a pool is written through h0
+    return out
+
+
+def recurrent_scalars(T: int, H: int, HV: int, pool_size: int, scale: float,
+                      lower_bound: float) -> dict:  # fmt: skip
+    """Runtime scalars; ``pool_size`` is 1 without a pool (the JIT then folds it)."""
+    return dict(T=T, H=H, HV=HV, P=pool_size, scale=scale, lower_bound=lower_bound)
+
+
+# The representative pool of a problem-less build: as many slots as a serving batch holds, a
+# multiple of 16 as a real pool's size usually is.
+REPRESENTATIVE_POOL = 1024
+
+
+@functools.cache
+def build_kda_recurrent(
+    spec: KdaRecurrentSpec, target: Target, shape: LaunchShape = REPRESENTATIVE
+) -> Artifact:
+    """The kernel a launch of ``shape`` runs (decode launches pass T = the packed token count
+    with varlen, the tokens per sequence otherwise)."""
+    signature = _inputs(spec.dtype) | {
+        "o": f"*{spec.dtype}", "h0": f"*{spec.state_dtype}", "ht": "*fp32",
+        "state_idx": "*i64", "cu_seqlens": "*i64",
+    } | _SCALARS  # fmt: skip
+    pool = REPRESENTATIVE_POOL if spec.state_pool else 1
+    scalars = recurrent_scalars(shape.T, shape.H, shape.HV, pool, 1.0, -5.0)
+    values = _launch_values(signature, scalars, recurrent_absent(spec))
+    return _compile(recurrent_launch(spec), signature, target, values)
