@@ -259,13 +259,21 @@ def kernel_keys(problem, spec) -> set[tuple]:
     """The kreg kernels a launch of ``spec`` for ``problem`` compiles, as keys: function,
     constexprs, warps, stages and the classes of the integers the JIT specialises on (T, H, HV,
     NSEG, runtime_args.py). Equal keys are one compiled kernel."""
-    from .builders import prep_launch, scan_launch, segment_combine_launch, segment_map_launch
+    from .builders import (
+        fixup_launch,
+        prep_launch,
+        scan_launch,
+        segment_combine_launch,
+        segment_map_launch,
+    )
     from .runtime_args import segment_count
 
     T, H, HV = problem.seq_len, problem.heads_qk, problem.heads_v
     ints = (_int_class(T), _int_class(H), _int_class(HV))
     nseg = _int_class(segment_count(T, spec.tile.chunk, spec.scan.segment_chunks))
     launches = [(prep_launch(spec.tile), ints), (scan_launch(spec.scan), ints[::2] + (nseg,))]
+    if fixup_launch(spec.tile) is not None:
+        launches.append((fixup_launch(spec.tile), ints))
     if spec.scan.segment_chunks:
         launches += [(segment_map_launch(spec.scan), ints[::2] + (nseg,)),
                      (segment_combine_launch(spec.scan, spec.tile.fp32_dot), ints[::2] + (nseg,))]  # fmt: skip
