@@ -114,8 +114,8 @@ def chunk_kda(
       and is served as fla serves it.
     - Refused (``ValueError`` naming the argument): ``allow_neg_eigval=True``,
       ``return_intermediate_states=True`` (kreg's chunk states come at its own chunk size:
-      ``kreg.families.kda.kda_prefill(output_chunk_states=True)``), ``cp_context`` (context
-      parallel is not built: issue 16). Other keyword names raise ``TypeError`` (fla ignores
+      ``kreg.families.kda.kda_prefill(output_chunk_states=True)``), ``cp_context`` (kreg's context
+      parallel prefill is ``kreg.families.kda.kda_prefill_cp``, over a process group). Other keyword names raise ``TypeError`` (fla ignores
       them silently, which would hide a misspelt ``A_log``).
 
     Differences from fla: every tensor argument is made contiguous first, as fla's
@@ -127,7 +127,8 @@ def chunk_kda(
     state_v_first = _renamed_layout(kwargs, state_v_first)
 
     if cp_context is not None:
-        _fail("cp_context", "context parallel is not built in kreg (issue 16); pass None")
+        _fail("cp_context", "fla's context object is not mapped: pass None, and for context "
+                            "parallel call kreg.families.kda.kda_prefill_cp(..., group=...)")  # fmt: skip
     if _flag("allow_neg_eigval", allow_neg_eigval):
         _fail("allow_neg_eigval", "True (beta in [0, 2)) is not served by kreg; pass False")
     if _flag("return_intermediate_states", return_intermediate_states):

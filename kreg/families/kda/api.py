@@ -390,24 +390,37 @@ def _prepare(
         problem = checked.problem()
     else:  # the host copy _offsets validated (read anyway): the longest length costs no sync
         problem = checked.problem(max_seqlen=longest_seq(cu_host, checked.fields["max_seqlen"]))
+    call = make_call(
+        checked, q, k, v, g, beta, initial_state=initial_state,
+        output_final_state=output_final_state, output_chunk_states=output_chunk_states,
+        state_layout=state_layout, cu_host=cu_host, cu_dev=cu_dev,
+    )  # fmt: skip
+    return problem, call
+
+
+def make_call(checked: Checked, q, k, v, g, beta, *, initial_state, output_final_state,
+              output_chunk_states, state_layout, cu_host, cu_dev) -> launch.Call:  # fmt: skip
+    """The launch call of validated tensors (``checked`` is ``_validate``'s result for them, or,
+    context parallel, for the whole call this slice belongs to)."""
+    fields = checked.fields
     A_log, dt_bias = checked.A_log, checked.dt_bias
-    if gate_activation != "none":
+    if fields["gate_activation"] != "none":
         # an absent A_log means a factor exp(0) = 1, an absent dt_bias a zero bias
-        HV, K = problem.heads_v, problem.head_dim_k
+        HV, K = fields["heads_v"], fields["head_dim_k"]
         if A_log is None:
             A_log = torch.zeros(HV, dtype=torch.float32, device=q.device)
         if dt_bias is None:
             dt_bias = torch.zeros(HV * K, dtype=torch.float32, device=q.device)
-    call = launch.Call(
+    return launch.Call(
         q=q, k=k, v=v, g=g, beta=beta, scale=checked.scale, A_log=A_log, dt_bias=dt_bias,
-        lower_bound=float(gate_lower_bound or 0.0), gate_activation=gate_activation,
-        qk_l2norm=use_qk_l2norm, beta_sigmoid=use_beta_sigmoid, initial_state=initial_state,
+        lower_bound=float(fields["gate_lower_bound"] or 0.0),
+        gate_activation=fields["gate_activation"], qk_l2norm=fields["qk_l2norm"],
+        beta_sigmoid=fields["beta_sigmoid"], initial_state=initial_state,
         output_final_state=output_final_state, output_chunk_states=output_chunk_states,
         state_layout=state_layout, cu_seqlens=cu_dev, cu_seqlens_host=cu_host,
         state_indices=_pool_slots(initial_state_indices, initial_state_indices_cpu,
                                   initial_state),
     )  # fmt: skip
-    return problem, call
 
 
 def _check_pool_indices(indices, indices_cpu, n_seqs, device) -> bool:

@@ -138,8 +138,9 @@ def run_prep(call: Call, tile, tables):
     return w, u, gq, aqk, gkt, dec
 
 
-def run_scan(call: Call, tile, scan, tables, tiles):
-    """The scan (and, with segments, its map and combine kernels) over stored tiles."""
+def run_scan(call: Call, tile, scan, tables, tiles, seg_map=None):
+    """The scan (and, with segments, its map and combine kernels) over stored tiles;
+    ``seg_map``: the segments' maps where already computed (``segment_maps``)."""
     seq_chunk, _, nc = tables
     HV, V, T = call.v.shape[2], call.v.shape[-1], call.q.shape[1]
     n_states = _n_states(call)
@@ -147,7 +148,9 @@ def run_scan(call: Call, tile, scan, tables, tiles):
     h0, seg = call.initial_state, scan.segment_chunks
     scalars = scan_scalars(T, HV, tile.chunk, seg)  # NSEG is 1 without segments
     if seg:
-        h0 = _segment_starts(call, tiles, scan, seq_chunk, n_states, scalars, tile.fp32_dot)
+        if seg_map is None:
+            seg_map = segment_maps(call, tiles, scan, seq_chunk, n_states)
+        h0 = segment_starts(call, seg_map, scan, seq_chunk, n_states, tile.fp32_dot)
     _launch(
         scan_launch(scan), (V // scan.block_v, n_states * HV, scalars["NSEG"]),
         *tiles, o, h0, ht, hs, seq_chunk, call.cu_seqlens, **scalars,
@@ -155,22 +158,33 @@ def run_scan(call: Call, tile, scan, tables, tiles):
     return o, ht, hs
 
 
-def _segment_starts(call: Call, tiles, scan, seq_chunk, n_states, scalars, fp32_dot):
-    """Sequence-parallel scan, passes 1 and 2: each segment's affine map, then the serial chain
-    over segments. Returns the start states [N, NSEG, HV, K, V] fp32."""
+def segment_maps(call: Call, tiles, scan, seq_chunk, n_states: int):
+    """Sequence-parallel scan, pass 1: each segment's affine map [M | N], as
+    [n_states, NSEG, HV, K, K + V] fp32 (entries past a sequence's segments are not written).
+    ``seq_chunk`` and ``call.cu_seqlens`` may start at any sequence (the first ``n_states``
+    from there are mapped)."""
     HV, K, V = call.v.shape[2], call.k.shape[-1], call.v.shape[-1]
     # runtime_args.segment_count: from shapes alone; segments past a sequence's end do nothing.
+    scalars = scan_scalars(call.q.shape[1], HV, scan.chunk, scan.segment_chunks)
     n_seg = scalars["NSEG"]
-    dev = call.q.device
-    seg_map = torch.empty((n_states, n_seg, HV, K, K + V), dtype=torch.float32, device=dev)
-    starts = torch.empty((n_states, n_seg, HV, K, V), dtype=torch.float32, device=dev)
+    seg_map = torch.empty((n_states, n_seg, HV, K, K + V), dtype=torch.float32,
+                          device=call.q.device)  # fmt: skip
     _launch(
         segment_map_launch(scan), ((K + V) // scan.block_v, n_states * HV, n_seg),
         *tiles, seg_map, seq_chunk, call.cu_seqlens, **scalars,
     )  # fmt: skip
+    return seg_map
+
+
+def segment_starts(call: Call, seg_map, scan, seq_chunk, n_states: int, fp32_dot: str):
+    """Sequence-parallel scan, pass 2: the serial chain over segments from the initial state.
+    Returns the start states [N, NSEG, HV, K, V] fp32."""
+    HV, V = call.v.shape[2], call.v.shape[-1]
+    starts = torch.empty((*seg_map.shape[:-1], V), dtype=torch.float32, device=call.q.device)
     _launch(
         segment_combine_launch(scan, fp32_dot), (V // scan.block_v, n_states * HV),
-        seg_map, starts, call.initial_state, seq_chunk, call.cu_seqlens, **scalars,
+        seg_map, starts, call.initial_state, seq_chunk, call.cu_seqlens,
+        **scan_scalars(call.q.shape[1], HV, scan.chunk, scan.segment_chunks),
     )  # fmt: skip
     return starts
 

@@ -1,0 +1,67 @@
+"""``plan_cp``: which pieces of which sequences a rank holds, against a token-by-token count.
+
+Host arithmetic only (the kernels run on the interpreter lane,
+tests/interpreter/test_kda_context_parallel.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kreg.families.kda.context_parallel import plan_cp
+
+
+def _layouts(seed: int, n: int = 200):
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        world = int(rng.integers(1, 6))
+        lens = rng.integers(0, 40, size=int(rng.integers(1, 7)))
+        lens[rng.random(lens.size) < 0.25] = 0  # empty sequences
+        T = int(lens.sum())
+        cu = np.concatenate([[0], np.cumsum(lens)])
+        cuts = np.sort(rng.integers(0, T + 1, size=world - 1))
+        yield tuple(int(x) for x in (0, *cuts, T)), tuple(int(x) for x in cu)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_varlen_plans_against_token_counts(seed):
+    for offsets, cu in _layouts(seed):
+        world, N = len(offsets) - 1, len(cu) - 1
+        plans = [plan_cp(offsets, r, cu_seqlens=cu) for r in range(world)]
+        owners = [r for r, p in enumerate(plans) for _ in p.owned]
+        owned = sorted(n for p in plans for n in p.owned_seqs)
+        assert owned == list(range(N)), (offsets, cu)  # every sequence ends on exactly one rank
+        assert len(owners) == N
+        for r, plan in enumerate(plans):
+            a, b = offsets[r], offsets[r + 1]
+            lens = np.diff(plan.local_cu)
+            assert plan.local_cu[0] == 0 and plan.local_cu[-1] == b - a
+            for p, n in enumerate(plan.seqs):
+                s, e = cu[n], cu[n + 1]
+                held = max(0, min(e, b) - max(s, a))
+                assert lens[p] == held  # the piece is the sequence's tokens in the slice
+                assert held > 0 or (s == e and p in plan.owned)
+                # earlier pieces: exactly the earlier ranks holding tokens of the sequence
+                want = [q for q in range(r) if min(e, offsets[q + 1]) > max(s, offsets[q])]
+                assert [q for q, _ in plan.preds[p]] == want
+                assert (p in plan.open) == (held > 0 and e > b)
+                assert (p in plan.owned) == (held > 0 and e <= b or held == 0)
+            # every sequence with tokens in the slice is a piece
+            touching = [n for n in range(N) if min(cu[n + 1], b) > max(cu[n], a)]
+            assert set(touching) <= set(plan.seqs)
+            assert len(plan.open) <= plan.slots == 1
+
+
+def test_fixed_batch_plan():
+    offsets = (0, 5, 5, 12)
+    plans = [plan_cp(offsets, r, batch=3) for r in range(3)]
+    assert plans[0].open == (0, 1, 2) and plans[0].owned == () and plans[0].slots == 3
+    assert plans[1].seqs == () and plans[1].owned == ()  # an empty slice holds no row
+    assert plans[2].preds == (((0, 0),), ((0, 1),), ((0, 2),)) and plans[2].owned_seqs == (0, 1, 2)
+
+
+def test_empty_sequence_at_zero_belongs_to_rank_0():
+    plans = [plan_cp((0, 0, 10), r, cu_seqlens=(0, 0, 10)) for r in range(2)]
+    assert plans[0].seqs == (0,) and plans[0].owned == (0,) and plans[0].local_cu == (0, 0)
+    assert plans[1].seqs == (1,) and plans[1].preds == ((),)
