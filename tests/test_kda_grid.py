@@ -135,14 +135,15 @@ SEG_ROLE, FLAT_ROLE = "c32.narrow.w2s2.seg64", "c16.wide.w4s3.seg0"
 
 
 def planted_log2(role: str, f: dict) -> float:
-    """A planted truth: segments of 64 win past 2^13 tokens of chain, chunk 16 wide below; the
-    other roles lose by a margin that grows with the head dim."""
-    base = -10 + 0.9 * f["X"] + 0.4 * f["L"] - 0.2 * f["P"] + 0.5 * f["k"]
+    """A planted truth over a role's pair features: time grows with the scan's chain, so
+    segments of 64 (a fixed cost of 1.15 log2) win past about 2^13 tokens, chunk 16 wide below;
+    the other roles lose by a margin that grows with the head dim."""
+    base = -10 + 0.9 * f["X"] - 0.2 * f["P"] + 0.5 * f["k"]
     if role == SEG_ROLE:
-        return base - 0.35 * (f["L"] - 13)
+        return base + 0.6 * f["chain"] + 1.15
     if role == FLAT_ROLE:
-        return base
-    return base + 0.3 + 0.1 * (hash(role) % 5) + 0.2 * f["v"] ** 2
+        return base + 0.6 * f["chain"]
+    return base + 0.6 * f["chain"] + 1.6 + 0.1 * (hash(role) % 5) + 0.2 * f["v"] ** 2
 
 
 def synthetic_sweep(target, noise=0.02, seed=0, truth=planted_log2) -> dict:
@@ -150,10 +151,11 @@ def synthetic_sweep(target, noise=0.02, seed=0, truth=planted_log2) -> dict:
     shapes = []
     for x in grid.shapes():
         plan = sweep.plan_shape(x, target)
-        f = model.features(plan.problem)
         rows = []
         for label, spec, roles in plan.specs:
+            f = model.features(plan.problem)
             if roles:
+                f = model.pair_features(plan.problem, spec)
                 ms = 2 ** (truth(roles[0], f) + rng.gauss(0, noise))
             else:
                 ms = 2 ** (truth("other", f) + 0.5)  # the current choice, off the pool
@@ -304,13 +306,50 @@ def test_unknown_payload_predicts_nothing(synth, model_file):
     assert select(p, SM90).decided_by.startswith("heuristic cost")
 
 
-def test_prediction_is_the_raw_coefficients_dot_features(synth):
+def test_prediction_is_the_offset_plus_raw_coefficients_dot_features(synth, target):
     payload = validate.fit_payload(synth)
-    e = synth["shapes"][5]
-    f = model.features(validate.problem_of(e))
-    for role, entry in payload["roles"].items():
-        want = 2 ** sum(c * f[n] for n, c in entry["coef"].items())
+    p = validate.problem_of(synth["shapes"][5])
+    pool = model.pool(p, target)
+    assert pool
+    for role, spec in pool:
+        f = model.pair_features(p, spec)
+        assert list(f) == list(model.FEATURES)
+        want = 2 ** (payload["roles"][role]["offset"]
+                     + sum(c * f[n] for n, c in payload["coef"].items()))  # fmt: skip
         assert math.isclose(model.predict_ms(payload, role, f), want)
+
+
+def test_ridge_is_chosen_by_cross_validation_on_the_fit_shapes_only(synth):
+    """The payload's ridge is the CV winner over the fit samples alone: the CV counts are the
+    fit shapes', poisoning the holdout leaves the choice and every CV figure unchanged, and a fit
+    offered one ridge takes it."""
+    payload = validate.fit_payload(synth)
+    n_fit = len(validate.samples(synth, "fit"))
+    assert set(payload["cv"]) == {str(a) for a in model.RIDGES}
+    assert all(c["n"] == n_fit for c in payload["cv"].values())
+    best = min(model.RIDGES, key=lambda a: (round(payload["cv"][str(a)]["geomean"], 6),
+                                            payload["cv"][str(a)]["worst"]))  # fmt: skip
+    assert payload["ridge"] == best
+    poisoned = json.loads(json.dumps(synth))
+    rng = random.Random(2)
+    for e in poisoned["shapes"]:
+        if e["params"]["split"] == "holdout":
+            for r in e["specs"]:
+                r["ms"] = rng.uniform(1e-3, 1e3)
+    again = validate.fit_payload(poisoned)
+    assert again["ridge"] == payload["ridge"] and again["cv"] == payload["cv"]
+    assert model.fit(validate.samples(synth, "fit")[:30], ridges=(0.5,))["ridge"] == 0.5
+
+
+def test_role_features_follow_the_spec(target):
+    """Segments shorten the chain and multiply the programs; a narrower V block adds V blocks."""
+    p = validate.problem_of({"params": grid.params_of(grid.shape_named(
+        "b1-t262144-h1x1-d128x128"))})  # fmt: skip
+    feats = {role: model.role_features(p, spec) for role, spec in model.pool(p, target)}
+    flat, seg = feats["c32.narrow.w2s3.seg0"], feats["c32.narrow.w2s2.seg64"]
+    assert flat["chain"] == math.log2(262144) and seg["chain"] < flat["chain"] - 4
+    assert seg["waves"] > flat["waves"] + 4
+    assert feats["c16.narrow.w4s3.seg0"]["v_blocks"] == feats["c16.wide.w4s3.seg0"]["v_blocks"] + 1
 
 
 def test_bench_compile_plan_covers_every_row(target):

@@ -1,19 +1,26 @@
-"""The KDA split path's fitted cost model: spec roles, shape features, the fit and the ranker hook.
+"""The KDA split path's fitted cost model: spec roles, features, the fit and the ranker hook.
 
 A *role* names one split spec by rules that hold at every head dim ("chunk 16, the widest V
 block up to 64, scan 4 warps 3 stages, no segments"), so measurements at one head dim inform the
 others; :func:`resolve` turns a role into the concrete valid spec of a problem. The model is one
-least-squares fit per role of log2(device ms) against the shape :func:`features`; the ranker
+least-squares fit of log2(device ms), pooled over the roles: a per-role offset plus coefficients
+shared by every role on the features of a (problem, spec) pair; the ranker
 (``kreg/dispatch/ranker.py``) calls :func:`predict` with the payload of a
 ``kreg/dispatch/kda_model.json`` section and runs the role of lowest predicted time.
 
-Features (``FEATURES``, all from the problem, no data): the longest sequence ``L`` (log2: the
+Shape features (``SHAPE_FEATURES``, :func:`features`): the longest sequence ``L`` (log2: the
 scan's serial chain), the chains ``P`` = log2(sequences x value heads) (the scan's parallelism)
 and the work ``X`` = log2(tokens x value heads) (the prep kernel's), hinges where the scan's
 programs and the prep's chunks outgrow one wave of the H200's 132 SMs, the head dims (log2 / 128)
-and the production options (gate activation in the kernel). Fitted by ridge least squares on
-standardised features; the payload stores the coefficients on the raw features, so a reader can
-evaluate a prediction by hand.
+and the production options (gate activation in the kernel). Role features (``ROLE_FEATURES``,
+:func:`role_features`, functions of the spec and the shape, which is what lets one coefficient
+serve every role): the scan's serial chain in tokens (a segmented scan's one segment plus its
+combine), its waves (programs / 2 x 132 SMs, non-empty segments counted), the waves past one,
+the V blocks per head and a scan-time proxy (chain x waves x K x block_v). Pooling was chosen
+over one fit per role by leave-one-out cross-validation on the fit shapes only (docs/kda/GRID.md
+gives the figures); the ridge strength is chosen inside :func:`fit` the same way, from
+``RIDGES``, so nothing of the holdout shapes decides either. The payload stores the coefficients
+on the raw features, so a reader can evaluate a prediction by hand.
 """
 
 from __future__ import annotations
@@ -27,11 +34,16 @@ from kreg.registry.model import Prediction, Target
 
 from . import specs as kspecs
 
-MODEL_KIND = "kda-split-roles-lstsq"
-FEATURE_VERSION = 1
-FEATURES = ("const", "L", "P", "X", "P_over_7", "X_over_16", "k", "v", "prod")
-RIDGE = 0.1  # in units of standardised features: mild shrinkage for roles with few shapes
-MIN_SHAPES_PER_FEATURE = 1.5  # a role fitted on fewer shapes than this x features is dropped
+MODEL_KIND = "kda-split-roles-pooled-lstsq"
+FEATURE_VERSION = 2
+SHAPE_FEATURES = ("L", "P", "X", "P_over_7", "X_over_16", "k", "v", "prod")
+ROLE_FEATURES = ("chain", "waves", "waves_over_1", "v_blocks", "scan")
+FEATURES = SHAPE_FEATURES + ROLE_FEATURES
+# ridge strengths (units of standardised features) the fit picks from by leave-one-out
+# cross-validation over its own shapes: least geomean regret, then least worst regret
+RIDGES = (0.001, 0.003, 0.01, 0.03, 0.1)
+MIN_SHAPES = 4  # a role measured on fewer shapes gets no offset (it is not predicted)
+SMS = 132  # the H200's; two scan programs fit one SM
 # Sequence-parallel scans keep an affine map [K, K + V] and a start state [K, V] (fp32) per
 # segment of every sequence, counted from the packed length: with many short varlen sequences
 # that is gigabytes. Specs above this (or twice q + k + v) are neither swept nor predicted.
@@ -151,63 +163,144 @@ def _resolved(valid, problem) -> list[tuple[str, kspecs.KdaSplitSpec]]:
 
 
 def features(problem) -> dict[str, float]:
-    """The shape features of ``problem`` (see the module docstring), in ``FEATURES`` order."""
+    """The shape features of ``problem`` (see the module docstring), in ``SHAPE_FEATURES``
+    order."""
     n, hv = problem.num_seqs, problem.heads_v
     L = math.log2(problem.longest_seq)
     P = math.log2(n * hv)
     X = math.log2(problem.batch * problem.seq_len * hv)
     return {
-        "const": 1.0, "L": L, "P": P, "X": X, "P_over_7": max(0.0, P - 7.0),
+        "L": L, "P": P, "X": X, "P_over_7": max(0.0, P - 7.0),
         "X_over_16": max(0.0, X - 16.0), "k": math.log2(problem.head_dim_k) - 7.0,
         "v": math.log2(problem.head_dim_v) - 7.0,
         "prod": 0.0 if problem.gate_activation == "none" else 1.0,
     }  # fmt: skip
 
 
+def role_features(problem, spec) -> dict[str, float]:
+    """The features of running ``spec`` on ``problem`` (see the module docstring)."""
+    from .runtime_args import segment_count
+
+    c, bv, seg = spec.tile.chunk, spec.scan.block_v, spec.scan.segment_chunks
+    chunks = -(-problem.longest_seq // c)
+    if seg:
+        # one segment's chunks, then the segment-map combine, serial over the segments
+        chain = min(chunks, seg) + -(-chunks // seg)
+        tokens = problem.batch * problem.seq_len
+        launched = problem.num_seqs * segment_count(problem.seq_len, c, seg)
+        states = min(launched, -(-tokens // (c * seg)) + problem.num_seqs)  # non-empty ones
+    else:
+        chain, states = chunks, problem.num_seqs
+    waves = math.log2(problem.head_dim_v // bv * problem.heads_v * states / (2 * SMS))
+    return {
+        "chain": math.log2(chain * c), "waves": waves, "waves_over_1": max(0.0, waves),
+        "v_blocks": math.log2(problem.head_dim_v / bv),
+        "scan": math.log2(chain * c) + max(0.0, waves) + math.log2(problem.head_dim_k * bv) - 12,
+    }  # fmt: skip
+
+
+def pair_features(problem, spec) -> dict[str, float]:
+    """Every feature of ``spec`` on ``problem``, in ``FEATURES`` order."""
+    return features(problem) | role_features(problem, spec)
+
+
 # --- the fit (numpy, CPU) -------------------------------------------------------------------------
 
 
-def fit(samples: Sequence[tuple[Mapping[str, float], Mapping[str, float]]],
-        ridge: float = RIDGE) -> dict:  # fmt: skip
-    """Fit the per-role model from ``samples``: (features, {role: measured ms}) per shape.
+@attrs.frozen
+class Sample:
+    """One measured shape as the fitter sees it: per role, its features and measured ms; and the
+    best measured ms of the shape (any spec), the yardstick of the regret."""
 
-    Returns the ``model`` payload: per role the raw-feature coefficients of log2(ms), the shapes
-    it was fitted on and its RMS residual (log2). Roles measured on too few shapes are left out.
-    """
+    times: Mapping[str, tuple[Mapping[str, float], float]]
+    best_ms: float
+
+
+def _design(samples, roles):
     import numpy as np
 
-    names = [f for f in FEATURES if f != "const"]
-    roles = {}
-    for role in ROLES:
-        rows = [(f, t[role.name]) for f, t in samples
-                if role.name in t and t[role.name] and math.isfinite(t[role.name])]  # fmt: skip
-        if len(rows) < MIN_SHAPES_PER_FEATURE * len(FEATURES):
-            continue
-        X = np.array([[f[n] for n in names] for f, _ in rows], dtype=float)
-        y = np.log2(np.array([ms for _, ms in rows], dtype=float))
-        mean, scale = X.mean(axis=0), X.std(axis=0)
-        scale[scale == 0] = 1.0  # a constant feature (say all K = 128) gets no weight
-        Z = (X - mean) / scale
-        A = np.hstack([np.ones((len(rows), 1)), Z])
-        reg = ridge * len(rows) * np.eye(A.shape[1])
-        reg[0, 0] = 0.0  # the intercept is not shrunk
-        w = np.linalg.solve(A.T @ A + reg, A.T @ y)
-        raw = w[1:] / scale
-        coef = {"const": float(w[0] - (raw * mean).sum())} | {
-            n: float(c) for n, c in zip(names, raw, strict=True)
-        }
-        resid = y - A @ w
-        roles[role.name] = {"coef": coef, "shapes": len(rows),
-                            "rms_log2": float(np.sqrt((resid**2).mean()))}  # fmt: skip
+    X, y, which = [], [], []
+    for i, s in enumerate(samples):
+        for role, (f, ms) in s.times.items():
+            if role in roles:
+                X.append([f[n] for n in FEATURES] + [float(role == r) for r in roles])
+                y.append(math.log2(ms))
+                which.append((i, role))
+    return np.array(X, dtype=float), np.array(y), which
+
+
+def _solve(X, y, ridge: float, n_roles: int):
+    """Ridge least squares on standardised shared features; the role offsets (one-hot columns,
+    no intercept) are not shrunk. Returns (raw shared coefs, role offsets)."""
+    import numpy as np
+
+    nf = X.shape[1] - n_roles
+    mean, scale = X[:, :nf].mean(axis=0), X[:, :nf].std(axis=0)
+    scale[scale == 0] = 1.0  # a constant feature gets no weight
+    Z = np.hstack([(X[:, :nf] - mean) / scale, X[:, nf:]])
+    reg = np.diag([ridge * len(y)] * nf + [1e-9 * len(y)] * n_roles)
+    w = np.linalg.solve(Z.T @ Z + reg, Z.T @ y)
+    raw = w[:nf] / scale
+    return raw, w[nf:] - raw @ mean
+
+
+def _regrets(samples, roles, ridge: float) -> list[float]:
+    """Leave-one-out: per sample, the measured time of the role a fit on the others picks, over
+    the sample's best."""
+    import numpy as np
+
+    out = []
+    for i, s in enumerate(samples):
+        rest = samples[:i] + samples[i + 1 :]
+        X, y, _ = _design(rest, roles)
+        coef, offsets = _solve(X, y, ridge, len(roles))
+        pred = {r: float(np.dot(coef, [f[n] for n in FEATURES]) + offsets[roles.index(r)])
+                for r, (f, _) in s.times.items() if r in roles}  # fmt: skip
+        if pred:
+            out.append(s.times[min(pred, key=pred.get)][1] / s.best_ms)
+    return out
+
+
+def regret_stats(regrets: Sequence[float]) -> dict:
+    import statistics
+
+    return {"n": len(regrets), "median": statistics.median(regrets), "worst": max(regrets),
+            "geomean": 2 ** statistics.mean(math.log2(r) for r in regrets),
+            "over_1_25": sum(r > 1.25 for r in regrets)}  # fmt: skip
+
+
+def fit(samples: Sequence[Sample], ridges: Sequence[float] = RIDGES) -> dict:
+    """Fit the pooled model from ``samples``, its ridge strength picked from ``ridges`` by
+    leave-one-out cross-validation over the same samples (so only they decide it).
+
+    Returns the ``model`` payload: the shared raw-feature coefficients of log2(ms), per role its
+    offset, shapes and RMS residual (log2), the ridge chosen and every ridge's CV regrets."""
+    import numpy as np
+
+    counts = {r.name: sum(r.name in s.times for s in samples) for r in ROLES}
+    roles = [r.name for r in ROLES if counts[r.name] >= MIN_SHAPES]
+    cv = {str(a): regret_stats(_regrets(list(samples), roles, a)) for a in ridges}
+    ridge = min(ridges, key=lambda a: (round(cv[str(a)]["geomean"], 6), cv[str(a)]["worst"]))
+    X, y, which = _design(samples, roles)
+    coef, offsets = _solve(X, y, ridge, len(roles))
+    resid = y - X[:, : len(FEATURES)] @ coef - X[:, len(FEATURES) :] @ offsets
+    out_roles = {}
+    for k, r in enumerate(roles):
+        res = np.array([e for e, (_, w) in zip(resid, which, strict=True) if w == r])
+        out_roles[r] = {"offset": float(offsets[k]), "shapes": counts[r],
+                        "rms_log2": float(np.sqrt((res**2).mean()))}  # fmt: skip
     return {"kind": MODEL_KIND, "feature_version": FEATURE_VERSION, "features": list(FEATURES),
-            "ridge": ridge, "roles": roles}  # fmt: skip
+            "ridge": ridge, "cv": cv, "coef": {n: float(c) for n, c in zip(FEATURES, coef,
+                                                                          strict=True)},
+            "roles": out_roles}  # fmt: skip
 
 
 def predict_ms(payload: Mapping, role: str, feats: Mapping[str, float]) -> float | None:
+    """2 ** (the role's offset + the shared coefficients . ``feats``, :func:`pair_features`)."""
     entry = payload.get("roles", {}).get(role)
     if entry is None:
         return None
-    return 2.0 ** sum(c * feats[n] for n, c in entry["coef"].items())
+    return 2.0 ** (entry["offset"] + sum(c * feats[n] for n, c in payload["coef"].items()))
 
 
 def payload_ok(payload: Mapping) -> bool:
@@ -219,10 +312,9 @@ def payload_ok(payload: Mapping) -> bool:
 def choose(payload: Mapping, problem, target: Target):
     """(role, spec, predicted ms) of the lowest prediction among the roles of ``problem``'s pool
     (CPU; what the ranker decides from this payload), or None when no role is modelled."""
-    feats = features(problem)
     best = None
     for role, spec in pool(problem, target):
-        ms = predict_ms(payload, role, feats)
+        ms = predict_ms(payload, role, pair_features(problem, spec))
         if ms is not None and (best is None or ms < best[2]):
             best = (role, spec, ms)
     return best
@@ -233,13 +325,16 @@ def predict(payload: Mapping, valid: Sequence, problem, target: Target) -> list[
     unknown payload kind or feature set predicts nothing (the heuristic then decides)."""
     if not payload_ok(payload):
         return []
-    feats = features(problem)
     out = []
     for role, spec in _resolved(list(valid), problem):
+        feats = pair_features(problem, spec)
         ms = predict_ms(payload, role, feats)
         if ms is None:
             continue
         entry = payload["roles"][role]
-        out.append(Prediction(spec, ms, f"role {role} (least squares over {entry['shapes']} "
-                                        f"shapes, rms {entry['rms_log2']:.2f} log2)"))  # fmt: skip
+        out.append(Prediction(spec, ms, f"role {role} (pooled least squares, offset "
+                                        f"{entry['offset']:+.2f} log2 over {entry['shapes']} "
+                                        f"shapes, rms {entry['rms_log2']:.2f}; chain "
+                                        f"2^{feats['chain']:.1f} tokens, "
+                                        f"{2 ** feats['waves']:.2g} waves)"))  # fmt: skip
     return out

@@ -73,7 +73,7 @@ def plan_shape(shape: grid.GridShape, target) -> ShapePlan:
     by_spec: dict = {}
     for role, spec in model.pool(problem, target):
         by_spec.setdefault(spec, []).append(role)
-    sel = select(problem, target)
+    sel = select(problem, target, algorithm="split")  # the split path's choice, not decode's
     by_spec.setdefault(sel.spec, [])
     specs = tuple((spec_label(s), s, tuple(roles)) for s, roles in by_spec.items())
     return ShapePlan(shape, problem, specs, spec_label(sel.spec), sel.decided_by)
