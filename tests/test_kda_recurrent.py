@@ -8,7 +8,11 @@ import pytest
 
 from kreg.dispatch import select
 from kreg.families.kda import recurrent
-from kreg.families.kda.recurrent import KdaRecurrentSpec, is_valid_recurrent_spec
+from kreg.families.kda.recurrent import (
+    TRUSTED_MAX_TOKENS,
+    KdaRecurrentSpec,
+    is_valid_recurrent_spec,
+)
 from kreg.problems import LinearAttentionProblem
 from kreg.registry import get_registry
 
@@ -58,10 +62,21 @@ def test_decode_shapes_take_the_recurrence_prefill_the_chunked_form():
     # the crossover is where the two estimates cross: one switch, both sides agree
     names = [select(problem(T=T, N=1, H=32), t).candidate.name for T in range(1, 129)]
     switch = names.index("kda.split")
-    assert 8 <= switch <= 64 and set(names[switch:]) == {"kda.split"}
+    assert 4 <= switch <= TRUSTED_MAX_TOKENS and set(names[switch:]) == {"kda.split"}
     sel = select(problem(T=switch + 1, N=1, H=32), t)  # names[0] is T = 1
     [loser] = [e for e in sel.trace if e.stage == "ranked" and e.candidate == "kda.recurrent"]
     assert "estimated cost" in loser.reason
+
+
+def test_no_prefill_shape_of_the_grid_takes_the_recurrence():
+    """Past the decode lengths the recurrence's estimate is not trusted: every kda-grid shape
+    (T >= 256, many heads, head dims 32-256, varlen mixes) goes to the chunked form."""
+    from kreg.families.kda import grid
+
+    for shape in grid.shapes():
+        for bounded in (True,) if shape.production else (True, False):
+            sel = select(grid.problem_of(shape, bounded=bounded), "sm90")
+            assert sel.candidate.name == "kda.split", (shape.name, bounded)
 
 
 def test_pools_and_chunk_states_each_go_to_the_form_that_serves_them():

@@ -394,12 +394,15 @@ def _prepare(
         checked, q, k, v, g, beta, initial_state=initial_state,
         output_final_state=output_final_state, output_chunk_states=output_chunk_states,
         state_layout=state_layout, cu_host=cu_host, cu_dev=cu_dev,
+        state_indices=_pool_slots(initial_state_indices, initial_state_indices_cpu,
+                                  initial_state),
     )  # fmt: skip
     return problem, call
 
 
 def make_call(checked: Checked, q, k, v, g, beta, *, initial_state, output_final_state,
-              output_chunk_states, state_layout, cu_host, cu_dev) -> launch.Call:  # fmt: skip
+              output_chunk_states, state_layout, cu_host, cu_dev,
+              state_indices=None) -> launch.Call:  # fmt: skip
     """The launch call of validated tensors (``checked`` is ``_validate``'s result for them, or,
     context parallel, for the whole call this slice belongs to)."""
     fields = checked.fields
@@ -418,8 +421,7 @@ def make_call(checked: Checked, q, k, v, g, beta, *, initial_state, output_final
         beta_sigmoid=fields["beta_sigmoid"], initial_state=initial_state,
         output_final_state=output_final_state, output_chunk_states=output_chunk_states,
         state_layout=state_layout, cu_seqlens=cu_dev, cu_seqlens_host=cu_host,
-        state_indices=_pool_slots(initial_state_indices, initial_state_indices_cpu,
-                                  initial_state),
+        state_indices=state_indices,
     )  # fmt: skip
 
 

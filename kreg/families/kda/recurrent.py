@@ -9,6 +9,7 @@ model the dispatcher compares against the chunked form's (``plugin.py``).
 from __future__ import annotations
 
 import functools
+import math
 
 import attrs
 
@@ -140,9 +141,19 @@ def resident_programs(spec: KdaRecurrentSpec, target: Target) -> int:
     return max(1, min(by_regs, MAX_THREADS_PER_UNIT // threads))
 
 
+# The longest sequence the estimate below is trusted for: the kda-decode scenario measures 1 and
+# 4 tokens per sequence. Past it the estimate is an extrapolation of uncalibrated constants (it
+# chose the recurrence for 3,936-token prefills, and flipped back and forth between the forms
+# from 46 to 64 tokens), so an unpooled problem goes to the chunked form; a pooled one, which
+# only this candidate serves, and a pinned call are unaffected.
+TRUSTED_MAX_TOKENS = 16
+
+
 def recurrent_cost(spec: KdaRecurrentSpec, problem, target: Target) -> float:
     """Estimated microseconds: one launch, then waves of chains, each as long as the longest
-    sequence in tokens (``problem.longest_seq``)."""
+    sequence in tokens (``problem.longest_seq``); infinite past ``TRUSTED_MAX_TOKENS``."""
+    if problem.longest_seq > TRUSTED_MAX_TOKENS and not problem.state_pool:
+        return math.inf
     programs = problem.num_seqs * problem.heads_v * (problem.head_dim_v // spec.block_v)
     waves = -(-programs // (resident_programs(spec, target) * target.compute_units))
     return LAUNCH_US + waves * problem.longest_seq * token_step_us(spec, target)
