@@ -141,10 +141,12 @@ class LinearAttentionProblem:
         ``tokens_per_seq`` is the longest sequence's, not the mean: the scan's serial chain is
         as long as the longest sequence, so one 30,000-token sequence among 20 short ones runs
         like a 30,000-token problem (with the mean, 1,500, it would be keyed and tuned as a
-        short one). Fixed-length batches are unchanged (there the longest is ``seq_len``)."""
+        short one). Fixed-length batches are unchanged (there the longest is ``seq_len``).
+        ``head_dim`` is the power of two at or above K: a K of 100 runs padded to 128 (KDA's
+        kernels), so it takes 128's measurements."""
         return {
             "dtype": self.dtype,
-            "head_dim": self.head_dim_k,
+            "head_dim": _bucket(self.head_dim_k),
             "seqs_x_heads": _bucket(self.num_seqs * self.heads_v),
             "tokens_per_seq": _bucket(self.longest_seq),
         }

@@ -20,7 +20,7 @@ from kreg.problems import LinearAttentionProblem
 from kreg.registry.interpreter import interpreting
 
 from . import launch
-from .specs import HEAD_DIMS
+from .specs import HEAD_DIMS, MAX_HEAD_DIM, padded_head_dim
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _STATE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
@@ -57,7 +57,9 @@ def kda_prefill(
     Layouts (as the public peers): q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; g ``[B, T, HV, K]``
     (log-decay, or the raw gate input with ``gate_activation``); beta ``[B, T, HV]``; states
     ``[B or N, HV, K, V]`` fp32 (``[.., V, K]`` with ``state_layout="vk"``; the initial state may
-    be bf16). HV is a multiple of H: value head hv reads qk head ``hv // (HV // H)``.
+    be bf16). HV is a multiple of H: value head hv reads qk head ``hv // (HV // H)``. K and V
+    are any size up to 256; sizes other than 32, 64, 128, 256 run zero-padded to the next one,
+    exactly, at the cost of copies into and out of padded buffers (``_pad_inputs``).
 
     ``gate_lower_bound``: None (the default) serves any gate g <= 0 exactly, ``-inf`` (a hard
     reset) and gates of any magnitude included. A number is a promise that every per-step
@@ -101,9 +103,10 @@ def run_selection(selection, call: launch.Call, problem: LinearAttentionProblem)
         o, ht, hs = launch.run_fused(call, spec)
     else:
         o, ht, hs = launch.run_split(call, spec.tile, spec.scan)
+    o, ht = _unpad(o, problem, "o"), _unpad(ht, problem, problem.state_layout)
     if not problem.output_chunk_states:
         return o, ht
-    return o, ht, hs[: _total_chunks(call, spec.tile.chunk)]
+    return o, ht, _unpad(hs[: _total_chunks(call, spec.tile.chunk)], problem, problem.state_layout)
 
 
 def _total_chunks(call: launch.Call, chunk: int) -> int:
@@ -252,8 +255,9 @@ def _validate(
     if HV % H:
         _fail("v", f"value heads HV={HV} must be a multiple of qk heads H={H}")
     for name, dim in (("q", K), ("v", V)):
-        if dim not in HEAD_DIMS:
-            _fail(name, f"head dim {dim} not supported (supported: {HEAD_DIMS})")
+        if dim > MAX_HEAD_DIM:
+            _fail(name, f"head dim {dim} not supported (at most {MAX_HEAD_DIM}; below that any "
+                        f"size, zero-padded to the next of {HEAD_DIMS})")  # fmt: skip
     act_dtypes = (q.dtype,)
     _check_tensor("q", q, (B, T, H, K), act_dtypes, device)
     _check_tensor("k", k, (B, T, H, K), act_dtypes, device)
@@ -358,6 +362,7 @@ def _prepare(
             A_log = torch.zeros(HV, dtype=torch.float32, device=q.device)
         if dt_bias is None:
             dt_bias = torch.zeros(HV * K, dtype=torch.float32, device=q.device)
+    q, k, v, g, dt_bias, initial_state = _pad_inputs(problem, q, k, v, g, dt_bias, initial_state)
     call = launch.Call(
         q=q, k=k, v=v, g=g, beta=beta, scale=checked.scale, A_log=A_log, dt_bias=dt_bias,
         lower_bound=float(gate_lower_bound or 0.0), gate_activation=gate_activation,
@@ -366,6 +371,66 @@ def _prepare(
         state_layout=state_layout, cu_seqlens=cu_dev, cu_seqlens_host=cu_host,
     )  # fmt: skip
     return problem, call
+
+
+# --- head dims the kernels lack: zero padding ----------------------------------------------------
+# Any K, V in 1..MAX_HEAD_DIM runs at Kp, Vp = specs.padded_head_dim(K, V) on zero-padded copies
+# of the inputs, and the caller gets the padded run's outputs sliced back. This is exact: the
+# real entries are bit for bit those of a run on the padded inputs, and that run computes the
+# real problem, because every term a padded column adds is an exact zero.
+# - q, k get zero columns K..Kp, v zero columns V..Vp; g gets log-decay 0 on the padded K
+#   columns and, with a gate activation, dt_bias gets -inf there, so the activated gate is
+#   -0.0 (softplus(-inf) = 0, sigmoid(-inf) = 0). Every decay factor on a padded column is
+#   then exp(0) = 1: finite, so no 0 * inf can arise (an A_log of -inf would give 0 * -inf =
+#   NaN there: NaN outputs, contained as any non-finite input is, never a wrong value).
+# - Every product with a padded column is an exact zero times a finite number, exactly 0 in
+#   fp32 (and as tf32 or bf16 operands), and x + 0 == x exactly: each sum over K or V (the
+#   dots, the L2 norm's sum of squares) is the sum of its real terms.
+# - The state's padded K rows start at exactly 0 (the padded initial state) and each step
+#   multiplies them by a decay of 1 and adds k_pad = 0 times a row: they stay 0, so W S and
+#   Q S read nothing from them. Its padded V columns see u = 0 and stay 0; o is 0 there.
+# - The default scale is the real K's (K ** -0.5), not Kp's (``_validate``).
+# Cost: one copy of q, k, v, g (dt_bias, the initial state) into padded buffers, a copy of o
+# and the states out of them, and the kernels' work at Kp, Vp (K = 100 runs at 128: 1.28x the
+# state; K = 12 at 32).
+# tests/interpreter/test_kda_head_dims.py: padded runs equal runs on hand-padded inputs bit for
+# bit, the padded state stays zero, and both match the float64 oracles at the real dims.
+
+
+def _padded_copy(x: torch.Tensor, shape, fill: float = 0.0) -> torch.Tensor:
+    """``x`` in the leading corner of a new contiguous ``shape`` tensor filled with ``fill``."""
+    out = x.new_full(shape, fill)
+    out[tuple(slice(0, n) for n in x.shape)].copy_(x)
+    return out
+
+
+def _pad_inputs(problem: LinearAttentionProblem, q, k, v, g, dt_bias, initial_state):
+    """The inputs at the kernels' head dims (unchanged where they already are)."""
+    K, V = problem.head_dim_k, problem.head_dim_v
+    Kp, Vp = padded_head_dim(K), padded_head_dim(V)
+    if (Kp, Vp) == (K, V):
+        return q, k, v, g, dt_bias, initial_state
+    lead = tuple(q.shape[:3])
+    q, k = _padded_copy(q, (*lead, Kp)), _padded_copy(k, (*lead, Kp))
+    v, g = _padded_copy(v, (*v.shape[:3], Vp)), _padded_copy(g, (*g.shape[:3], Kp))
+    if dt_bias is not None:  # -inf: the activated gate of a padded column is -0.0 (above)
+        HV = problem.heads_v
+        dt_bias = _padded_copy(dt_bias.view(HV, K), (HV, Kp), float("-inf")).view(HV * Kp)
+    if initial_state is not None:
+        tail = (Kp, Vp) if problem.state_layout == "kv" else (Vp, Kp)
+        initial_state = _padded_copy(initial_state, (*initial_state.shape[:2], *tail))
+    return q, k, v, g, dt_bias, initial_state
+
+
+def _unpad(x: torch.Tensor | None, problem: LinearAttentionProblem, layout: str):
+    """An output at the caller's head dims: ``layout`` "o" ([.., V]), or a state layout."""
+    K, V = problem.head_dim_k, problem.head_dim_v
+    if x is None or (padded_head_dim(K), padded_head_dim(V)) == (K, V):
+        return x
+    if layout == "o":
+        return x[..., :V].contiguous()
+    rows, cols = (K, V) if layout == "kv" else (V, K)
+    return x[..., :rows, :cols].contiguous()
 
 
 def _gate_param(name, x, shape, also, also_text, device):

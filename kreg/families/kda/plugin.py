@@ -30,6 +30,9 @@ def accepts(problem: LinearAttentionProblem) -> Verdict:
     return Verdict.check(
         (problem.gate == "per_channel",
          f"gate={problem.gate!r}: KDA gates are per-channel (broadcast a scalar gate over K)"),
+        (max(problem.head_dim_k, problem.head_dim_v) <= specs.MAX_HEAD_DIM,
+         f"head dims K={problem.head_dim_k}, V={problem.head_dim_v}: at most "
+         f"{specs.MAX_HEAD_DIM} (smaller ones run zero-padded to {specs.HEAD_DIMS})"),
     )  # fmt: skip
 
 
@@ -50,7 +53,7 @@ def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target
     scan = spec.scan
     chunk, n = spec.tile.chunk, problem.num_seqs
     chunks = -(-problem.longest_seq // chunk)
-    per_seg = problem.heads_v * (problem.head_dim_v // scan.block_v)  # programs per segment
+    per_seg = problem.heads_v * (scan.head_dim_v // scan.block_v)  # programs per segment
     segments = n
     steps = chunks
     if scan.segment_chunks:
@@ -60,7 +63,7 @@ def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target
         segments = min(n * n_seg, -(-all_chunks // scan.segment_chunks) + n)
     programs = segments * per_seg
     waves = -(-programs // (2 * target.compute_units))
-    width = scan.block_v / problem.head_dim_v
+    width = scan.block_v / scan.head_dim_v  # the padded V the kernels run
     # the safe anchor runs the block anchor's code on gates within its span: the same cost
     return waves * steps * (1.0 + width) + 0.01 * spec.tile.num_warps
 

@@ -14,7 +14,8 @@ from kreg.registry.model import Target, Verdict
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # fp32 exp overflows past 88.72 nats; the kernels keep a margin below it.
 MAX_ANCHOR_NATS = 85.0
-HEAD_DIMS = (32, 64, 128, 256)
+HEAD_DIMS = (32, 64, 128, 256)  # the kernels' head dims; any K, V <= 256 is padded up to one
+MAX_HEAD_DIM = HEAD_DIMS[-1]
 CHUNKS = (16, 32, 64)
 SOLVE_BLOCKS = (16, 32)
 ANCHORS = ("safe", "block")  # the default first
@@ -32,6 +33,15 @@ TILE_SHAPES = {
 SCAN_PIPELINES_BY_BACKEND = {"cuda": ((4, 2), (4, 3), (2, 2), (2, 3)), "hip": ((4, 1),)}
 SEGMENT_CHUNKS = (0, 16, 64)
 FP32_DOT_BY_BACKEND = {"cuda": ("tf32", "tf32x3", "ieee"), "hip": ("ieee",)}
+
+
+def padded_head_dim(d: int) -> int:
+    """The kernel head dim a problem head dim ``d`` (1..MAX_HEAD_DIM) runs at: the smallest of
+    ``HEAD_DIMS`` >= d (``api._pad_inputs`` zero-pads the inputs to it, exactly: see the note there)."""
+    for size in HEAD_DIMS:
+        if d <= size:
+            return size
+    raise ValueError(f"head dim {d} > {MAX_HEAD_DIM}, the largest the kernels serve")
 
 
 def _pow2(n: int) -> bool:
@@ -362,8 +372,10 @@ def _pairing_rule(t: KdaTileSpec, s: KdaScanSpec) -> Verdict:
 
 
 def _problem_fields(problem) -> tuple[dict, dict]:
+    # the problem's head dims are the caller's; the kernels run at the padded ones
     shape = dict(
-        head_dim_k=problem.head_dim_k, head_dim_v=problem.head_dim_v, dtype=problem.dtype,
+        head_dim_k=padded_head_dim(problem.head_dim_k),
+        head_dim_v=padded_head_dim(problem.head_dim_v), dtype=problem.dtype,
         varlen=problem.varlen,
     )  # fmt: skip
     tile = dict(
@@ -379,9 +391,12 @@ def _problem_fields(problem) -> tuple[dict, dict]:
 
 
 def _matches(spec, problem) -> bool:
-    """Enumerations vary the head dim as K = V; a problem with K != V takes the specs of its K,
-    with V filled in (the rules then check V and the V blocks against it)."""
-    return spec.head_dim_k == problem.head_dim_k
+    """Enumerations vary the head dim as K = V; a problem with K != V takes the specs of its
+    (padded) K, with the padded V filled in (the rules then check V and the V blocks against
+    it). A head dim past MAX_HEAD_DIM matches nothing (``plugin.accepts`` says why)."""
+    if max(problem.head_dim_k, problem.head_dim_v) > MAX_HEAD_DIM:
+        return False
+    return spec.head_dim_k == padded_head_dim(problem.head_dim_k)
 
 
 def anchor_for(solve_block: int, lower_bound: float | None) -> str:
