@@ -171,14 +171,16 @@ def strided(t):
     return torch.stack([t, torch.zeros_like(t)], dim=-1).flatten(-2)[..., ::2]
 
 
-def test_non_contiguous_inputs_are_copied(recorded):
+def test_non_contiguous_inputs_pass_through_uncopied(recorded):
+    """kda_prefill serves any strides (one copy there, merged with a head-dim padding): the
+    shim adds no second copy."""
     x = {n: strided(t) for n, t in inputs().items()}  # stride 2
     h0 = torch.randn(1, HV, V, K).transpose(-1, -2)
     assert not any(t.is_contiguous() for t in (*x.values(), h0))
     fla.chunk_kda(**x, initial_state=h0)
     ((args, kwargs),) = recorded
     for got, want in zip((*args, kwargs["initial_state"]), (*x.values(), h0), strict=True):
-        assert got.is_contiguous() and torch.equal(got, want)
+        assert got is want
 
 
 REJECTED = {

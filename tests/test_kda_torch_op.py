@@ -320,8 +320,6 @@ FAKE_CASES = [
     ("beta_4d", lambda x: _bad(x, beta=x["beta"][..., None]), "beta"),
     ("v_HV0", lambda x: _bad(x, v=x["v"][:, :, :0]), "v"),
     ("q_H0", lambda x: _bad(x, q=x["q"][:, :, :0], k=x["k"][:, :, :0]), "q"),
-    ("v_noncontig", lambda x: _bad(x, v=x["v"].transpose(1, 2).contiguous().transpose(1, 2)),
-     "v"),
     ("A_log", lambda x: _bad(x, gate_activation="sigmoid_bound", gate_lower_bound=-5.0,
                                      A_log=torch.zeros(3)), "A_log"),
     ("dt_bias", lambda x: _bad(x, gate_activation="softplus", gate_lower_bound=None,

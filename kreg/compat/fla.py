@@ -31,10 +31,6 @@ def _flag(name: str, value) -> bool:
     return value
 
 
-def _contiguous(x):
-    return x.contiguous() if isinstance(x, torch.Tensor) else x
-
-
 def chunk_kda(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -94,8 +90,9 @@ def chunk_kda(
       parallel is not built: issue 16). Other keyword names raise ``TypeError`` (fla ignores
       them silently, which would hide a misspelt ``A_log``).
 
-    Differences from fla: every tensor argument is made contiguous first, as fla's
-    ``input_guard`` does, so a non-contiguous input costs a copy; ``initial_state`` may also be
+    Differences from fla: a non-contiguous tensor costs one copy, as with fla's
+    ``input_guard`` (``kda_prefill`` makes it, merged with the head-dim padding where there is
+    one); int32 and int64 ``cu_seqlens`` are both served; ``initial_state`` may also be
     bf16 (fla requires fp32); inputs that require grad are refused (``kda_prefill`` has no
     backward), where fla would build a graph.
     """
@@ -151,9 +148,6 @@ def chunk_kda(
         if _flag("safe_gate", safe_gate):
             gate_lower_bound = lower_bound
 
-    q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens = map(
-        _contiguous, (q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens)
-    )
     return kda_prefill(
         q, k, v, g, beta,
         scale=scale,

@@ -59,7 +59,8 @@ def kda_prefill(
     ``[B or N, HV, K, V]`` fp32 (``[.., V, K]`` with ``state_layout="vk"``; the initial state may
     be bf16). HV is a multiple of H: value head hv reads qk head ``hv // (HV // H)``. K and V
     are any size up to 256; sizes other than 32, 64, 128, 256 run zero-padded to the next one,
-    exactly, at the cost of copies into and out of padded buffers (``_pad_inputs``).
+    exactly, at the cost of copies into and out of padded buffers (``_pad_inputs``). Tensors
+    of any strides are served: a non-contiguous one costs one copy (``_kernel_inputs``).
 
     ``gate_lower_bound``: None (the default) serves any gate g <= 0 exactly, ``-inf`` (a hard
     reset) and gates of any magnitude included. A number is a promise that every per-step
@@ -180,8 +181,6 @@ def _check_tensor(name, x, shape, dtypes, device):
         _fail(name, f"dtype {x.dtype} not supported here (allowed: {', '.join(map(str, dtypes))})")
     if x.device != device:
         _fail(name, f"on {x.device}, but q is on {device}")
-    if not x.is_contiguous():
-        _fail(name, "must be contiguous (call .contiguous())")
 
 
 def _check_no_grad(named) -> None:
@@ -242,7 +241,7 @@ def _validate(
     cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm, use_beta_sigmoid,
     state_layout, output_chunk_states, max_seqlen=None,
 ) -> Checked:  # fmt: skip
-    """Every check that reads no tensor's values: types, shapes, dtypes, devices, contiguity,
+    """Every check that reads no tensor's values: types, shapes, dtypes, devices,
     scalars, flags, and gradients. The one place of each check, shared by ``_prepare`` and the
     custom op's fake implementation, so eager and traced calls fail with the same message."""
     _check_4d("q", q, _Q_DIMS)
@@ -362,7 +361,9 @@ def _prepare(
             A_log = torch.zeros(HV, dtype=torch.float32, device=q.device)
         if dt_bias is None:
             dt_bias = torch.zeros(HV * K, dtype=torch.float32, device=q.device)
-    q, k, v, g, dt_bias, initial_state = _pad_inputs(problem, q, k, v, g, dt_bias, initial_state)
+    q, k, v, g, beta, A_log, dt_bias, initial_state = _kernel_inputs(
+        problem, q, k, v, g, beta, A_log, dt_bias, initial_state
+    )
     call = launch.Call(
         q=q, k=k, v=v, g=g, beta=beta, scale=checked.scale, A_log=A_log, dt_bias=dt_bias,
         lower_bound=float(gate_lower_bound or 0.0), gate_activation=gate_activation,
@@ -404,18 +405,37 @@ def _padded_copy(x: torch.Tensor, shape, fill: float = 0.0) -> torch.Tensor:
     return out
 
 
-def _pad_inputs(problem: LinearAttentionProblem, q, k, v, g, dt_bias, initial_state):
-    """The inputs at the kernels' head dims (unchanged where they already are)."""
+def _kernel_inputs(problem: LinearAttentionProblem, q, k, v, g, beta, A_log, dt_bias,
+                   initial_state):  # fmt: skip
+    """The inputs as the kernels read them: at the kernels' head dims and contiguous, with at
+    most one copy each (none for an input that already is).
+
+    The kernels take no strides: they index tokens and heads by strides derived from the
+    shapes (H * K per token, ...), which the compiled divisibility and vector widths rest on,
+    and every kernel signature (and golden) would change to take them. So a non-contiguous
+    input (q, k, v sliced from one projection, a transposed state) costs one copy to a
+    contiguous buffer; where the head dim is padded, the padding copy is that copy."""
     K, V = problem.head_dim_k, problem.head_dim_v
     Kp, Vp = padded_head_dim(K), padded_head_dim(V)
-    if (Kp, Vp) == (K, V):
-        return q, k, v, g, dt_bias, initial_state
+    if (Kp, Vp) != (K, V):
+        q, k, v, g, dt_bias, initial_state = _pad_inputs(problem, q, k, v, g, dt_bias,
+                                                         initial_state)  # fmt: skip
+    return tuple(
+        None if x is None else x.contiguous()  # a no-op where x already is
+        for x in (q, k, v, g, beta, A_log, dt_bias, initial_state)
+    )
+
+
+def _pad_inputs(problem: LinearAttentionProblem, q, k, v, g, dt_bias, initial_state):
+    """Copies of the inputs at the kernels' head dims (the note above)."""
+    K, V = problem.head_dim_k, problem.head_dim_v
+    Kp, Vp = padded_head_dim(K), padded_head_dim(V)
     lead = tuple(q.shape[:3])
     q, k = _padded_copy(q, (*lead, Kp)), _padded_copy(k, (*lead, Kp))
     v, g = _padded_copy(v, (*v.shape[:3], Vp)), _padded_copy(g, (*g.shape[:3], Kp))
     if dt_bias is not None:  # -inf: the activated gate of a padded column is -0.0 (above)
         HV = problem.heads_v
-        dt_bias = _padded_copy(dt_bias.view(HV, K), (HV, Kp), float("-inf")).view(HV * Kp)
+        dt_bias = _padded_copy(dt_bias.reshape(HV, K), (HV, Kp), float("-inf")).view(HV * Kp)
     if initial_state is not None:
         tail = (Kp, Vp) if problem.state_layout == "kv" else (Vp, Kp)
         initial_state = _padded_copy(initial_state, (*initial_state.shape[:2], *tail))
@@ -445,7 +465,7 @@ def _gate_param(name, x, shape, also, also_text, device):
     if got != shape and not also(got):
         _fail(name, f"expected shape {shape}{also_text}, got {got}")
     _check_tensor(name, x, got, (torch.float32,), device)
-    return x.view(shape)
+    return x.reshape(shape)  # a view where the strides allow (``_kernel_inputs`` copies if not)
 
 
 def _check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, device):
@@ -520,7 +540,8 @@ def _offsets(cu_seqlens, cu_seqlens_cpu, T, device):
     if cu_seqlens is None:
         return None, None
     given = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens.cpu()
-    host = given.to(torch.int64)  # int32 (vLLM) or int64; a no-op for an int64 CPU tensor
+    # int32 (vLLM) or int64, any stride; a no-op for a contiguous int64 CPU tensor
+    host = given.to(torch.int64).contiguous()
     if int(host[0]) != 0:
         _fail("cu_seqlens", f"must start at 0, starts at {int(host[0])}")
     if bool((host[1:] < host[:-1]).any()):
