@@ -90,6 +90,11 @@ def _linear_attention_probe() -> tuple[type, Probe]:
         Option("states / layouts", "output_chunk_states", {"output_chunk_states": True}),
     ]
     options += [
+        Option("states / layouts", f"chunk states ({dt})",
+               {"output_chunk_states": True, "chunk_states_dtype": dt})
+        for dt in la.CHUNK_STATE_DTYPES if dt != "fp32"
+    ]  # fmt: skip
+    options += [
         Option("states / layouts", f"layout {layout}", {"state_layout": layout, "initial_state": True})
         for layout in la.STATE_LAYOUTS
     ]  # fmt: skip

@@ -84,7 +84,7 @@ def test_kda_cases_cover_off_by_default_fields(reg, stored):
         ("gate_activation", "sigmoid_bound"), ("gate_activation", "softplus"),
         ("qk_l2norm", True), ("beta_sigmoid", True), ("varlen", True), ("initial_state", True),
         ("output_final_state", True), ("output_chunk_states", True), ("state_layout", "vk"),
-        ("dtype", "fp16"), ("state_dtype", "bf16"),
+        ("dtype", "fp16"), ("state_dtype", "bf16"), ("chunk_states_dtype", "bf16"),
     ]:  # fmt: skip
         assert want in seen, want
     assert any(c.spec.scan.segment_chunks for c in kda.values())

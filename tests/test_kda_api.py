@@ -330,6 +330,7 @@ def prepared(args: dict, **kwargs):
 _PREPARE_DEFAULTS = dict(
     output_final_state=False, gate_lower_bound=-5.0, gate_activation="none",
     use_qk_l2norm=False, use_beta_sigmoid=False, state_layout="kv", output_chunk_states=False,
+    chunk_states_size=64, chunk_states_dtype=torch.float32,
 )  # fmt: skip
 
 

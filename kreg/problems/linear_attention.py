@@ -15,6 +15,7 @@ GATE_KINDS = ("per_channel", "scalar")
 GATE_ACTIVATIONS = ("none", "sigmoid_bound", "softplus")
 STATE_LAYOUTS = ("kv", "vk")
 STATE_DTYPES = ("fp32", "bf16")
+CHUNK_STATE_DTYPES = ("fp32", "bf16", "fp16")
 
 
 def _positive(instance, attribute, value):
@@ -79,6 +80,9 @@ class LinearAttentionProblem:
     output_final_state: bool = attrs.field(default=False, validator=_bool)
     state_layout: str = attrs.field(default="kv", validator=_one_of(STATE_LAYOUTS))
     output_chunk_states: bool = attrs.field(default=False, validator=_bool)
+    # with output_chunk_states: the state every chunk_states_size tokens, in this dtype
+    chunk_states_size: int = attrs.field(default=64, validator=_positive)
+    chunk_states_dtype: str = attrs.field(default="fp32", validator=_one_of(CHUNK_STATE_DTYPES))
     varlen: bool = attrs.field(default=False, validator=_bool)
     num_seqs: int | None = None  # defaults to batch; the sequence count with varlen
     # the longest sequence's tokens with varlen (an upper bound is fine: it plans, never indexes);

@@ -20,10 +20,13 @@ from kreg.problems import LinearAttentionProblem
 from kreg.registry.interpreter import interpreting
 
 from . import launch
-from .specs import HEAD_DIMS, MAX_HEAD_DIM, padded_head_dim
+from .specs import CHUNKS, HEAD_DIMS, MAX_HEAD_DIM, padded_head_dim
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _STATE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+_CHUNK_STATE_DTYPES_BY_NAME = {name: dt for dt, name in _DTYPES.items()}
+# chunk states every chunk_states_size tokens: a multiple of the smallest kernel chunk
+_CHUNK_STATES_QUANTUM = min(CHUNKS)
 
 
 def kda_prefill(
@@ -50,6 +53,8 @@ def kda_prefill(
     allow_opt_in: bool = False,
     target=None,
     max_seqlen: int | None = None,
+    chunk_states_size: int = 64,
+    chunk_states_dtype: torch.dtype = torch.float32,
 ):
     """Chunkwise KDA prefill. Returns ``(o, final_state)``, or ``(o, final_state, chunk_states)``
     with ``output_chunk_states``.
@@ -84,20 +89,41 @@ def kda_prefill(
     sequence, so a long sequence among short ones gets a sequence-parallel scan). None (the
     default): the longest length is taken from the host copy of the offsets, never with an
     extra device sync; a given one must be >= that length. Without ``cu_seqlens``: None or T.
-    ``output_chunk_states``: also return the state at the start of every chunk,
-    ``[total chunks, HV, K, V]`` fp32, chunks in sequence order (for prefix caching).
+    ``output_chunk_states``: also return the states for prefix caching: the state at the start
+    of every ``chunk_states_size`` tokens of each sequence (default 64, as fla; a positive
+    multiple of 16, the smallest kernel chunk: 64 and its multiples are served by every spec,
+    others only by the specs whose chunk divides them), ``[rows, HV, K, V]`` (``[.., V, K]``
+    with ``state_layout="vk"``), rows ``B * ceil(T / size)``, or with ``cu_seqlens`` the sum of
+    ``ceil(length / size)`` in sequence order; in ``chunk_states_dtype`` (fp32, the default,
+    bf16 or fp16: rounded from the fp32 state on the store). Independent of the kernels'
+    chunk.
     """
-    problem, call = _prepare(
-        q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound,
-        cu_seqlens, cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm,
-        use_beta_sigmoid, state_layout, output_chunk_states, max_seqlen,
+    return run_prefill(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, gate_lower_bound=gate_lower_bound,
+        cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, A_log=A_log, dt_bias=dt_bias,
+        gate_activation=gate_activation, use_qk_l2norm=use_qk_l2norm,
+        use_beta_sigmoid=use_beta_sigmoid, state_layout=state_layout,
+        output_chunk_states=output_chunk_states, max_seqlen=max_seqlen,
+        chunk_states_size=chunk_states_size, chunk_states_dtype=chunk_states_dtype,
+        algorithm=algorithm, allow_opt_in=allow_opt_in, target=target,
     )  # fmt: skip
+
+
+def run_prefill(q, k, v, g, beta, *, algorithm="auto", allow_opt_in=False, target=None,
+                trim_chunk_states=True, **options):  # fmt: skip
+    """``kda_prefill`` (``options``: its other keywords, ``_prepare``'s defaults for the rest);
+    ``trim_chunk_states=False`` returns a varlen call's whole chunk-state buffer
+    (``launch.chunk_state_rows`` rows, the written ones first: what fla's ``use_graph``
+    returns, the same rows whatever the offsets, as a captured graph needs)."""
+    problem, call = _prepare(q, k, v, g, beta, **options)
     selection = select(problem, target=_target(q, target), algorithm=algorithm,
                        allow_opt_in=allow_opt_in, family="kda")  # fmt: skip
-    return run_selection(selection, call, problem)
+    return run_selection(selection, call, problem, trim_chunk_states)
 
 
-def run_selection(selection, call: launch.Call, problem: LinearAttentionProblem):
+def run_selection(selection, call: launch.Call, problem: LinearAttentionProblem,
+                  trim_chunk_states: bool = True):  # fmt: skip
     """Launch the selected candidate's kernels on prepared tensors."""
     spec = selection.spec
     if selection.candidate.name == "kda.fused":
@@ -107,7 +133,9 @@ def run_selection(selection, call: launch.Call, problem: LinearAttentionProblem)
     o, ht = _unpad(o, problem, "o"), _unpad(ht, problem, problem.state_layout)
     if not problem.output_chunk_states:
         return o, ht
-    return o, ht, _unpad(hs[: _total_chunks(call, spec.tile.chunk)], problem, problem.state_layout)
+    if trim_chunk_states:
+        hs = hs[: _total_chunks(call, call.chunk_states_size)]
+    return o, ht, _unpad(hs, problem, problem.state_layout)
 
 
 def _total_chunks(call: launch.Call, chunk: int) -> int:
@@ -239,7 +267,8 @@ class Checked:
 def _validate(
     q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound, cu_seqlens,
     cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm, use_beta_sigmoid,
-    state_layout, output_chunk_states, max_seqlen=None,
+    state_layout, output_chunk_states, max_seqlen=None, chunk_states_size=64,
+    chunk_states_dtype=torch.float32,
 ) -> Checked:  # fmt: skip
     """Every check that reads no tensor's values: types, shapes, dtypes, devices,
     scalars, flags, and gradients. The one place of each check, shared by ``_prepare`` and the
@@ -299,6 +328,8 @@ def _validate(
             _fail(name, f"must be a bool, got {flag!r}")
     if state_layout not in ("kv", "vk"):
         _fail("state_layout", f"must be 'kv' or 'vk', got {state_layout!r}")
+    chunk_states_size, chunk_states_dtype = check_chunk_states(chunk_states_size,
+                                                               chunk_states_dtype)  # fmt: skip
 
     n_seqs = _check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, device)
     varlen = n_seqs is not None
@@ -320,6 +351,8 @@ def _validate(
         state_layout=state_layout, output_chunk_states=output_chunk_states,
         varlen=varlen, num_seqs=n_seqs, max_seqlen=max_seqlen,
     )  # fmt: skip
+    if output_chunk_states:  # else the defaults: one problem, whatever they were
+        fields |= dict(chunk_states_size=chunk_states_size, chunk_states_dtype=chunk_states_dtype)
     return Checked(float(scale), A_log_view, dt_bias_view, fields)
 
 
@@ -338,14 +371,17 @@ def _check_device(q) -> None:
 
 
 def _prepare(
-    q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound, cu_seqlens,
-    cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm, use_beta_sigmoid,
-    state_layout, output_chunk_states, max_seqlen=None,
+    q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+    gate_lower_bound=None, cu_seqlens=None, cu_seqlens_cpu=None, A_log=None, dt_bias=None,
+    gate_activation="none", use_qk_l2norm=False, use_beta_sigmoid=False, state_layout="kv",
+    output_chunk_states=False, max_seqlen=None, chunk_states_size=64,
+    chunk_states_dtype=torch.float32,
 ):  # fmt: skip
     checked = _validate(
         q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound,
         cu_seqlens, cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm,
-        use_beta_sigmoid, state_layout, output_chunk_states, max_seqlen,
+        use_beta_sigmoid, state_layout, output_chunk_states, max_seqlen, chunk_states_size,
+        chunk_states_dtype,
     )  # fmt: skip
     _check_device(q)
     cu_host, cu_dev = _offsets(cu_seqlens, cu_seqlens_cpu, int(q.shape[1]), q.device)
@@ -370,6 +406,8 @@ def _prepare(
         qk_l2norm=use_qk_l2norm, beta_sigmoid=use_beta_sigmoid, initial_state=initial_state,
         output_final_state=output_final_state, output_chunk_states=output_chunk_states,
         state_layout=state_layout, cu_seqlens=cu_dev, cu_seqlens_host=cu_host,
+        chunk_states_size=problem.chunk_states_size,
+        chunk_states_dtype=_CHUNK_STATE_DTYPES_BY_NAME[problem.chunk_states_dtype],
     )  # fmt: skip
     return problem, call
 
@@ -492,6 +530,20 @@ def _check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, device):
         _fail("cu_seqlens_cpu", f"shape {tuple(cu_seqlens_cpu.shape)} differs from cu_seqlens "
                                 f"{tuple(cu_seqlens.shape)}")  # fmt: skip
     return cu_seqlens.shape[0] - 1
+
+
+def check_chunk_states(size, dtype) -> tuple[int, str]:
+    """``chunk_states_size`` and ``chunk_states_dtype`` checked: (size, dtype name)."""
+    if isinstance(size, (bool, np.bool_)) or not isinstance(size, numbers.Integral):
+        _fail("chunk_states_size", f"must be a positive int, got {size!r}")
+    size = int(size)
+    if size < 1 or size % _CHUNK_STATES_QUANTUM:
+        _fail("chunk_states_size", f"must be a positive multiple of {_CHUNK_STATES_QUANTUM} (the "
+              f"smallest kernel chunk; 64 and its multiples suit every spec), got {size}")  # fmt: skip
+    if not isinstance(dtype, torch.dtype) or dtype not in _DTYPES:
+        _fail("chunk_states_dtype", f"must be torch.float32, torch.bfloat16 or torch.float16, "
+                                    f"got {dtype!r}")  # fmt: skip
+    return size, _DTYPES[dtype]
 
 
 def _check_max_seqlen(max_seqlen, T, varlen):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import attrs
 
+from kreg.problems.linear_attention import CHUNK_STATE_DTYPES
 from kreg.registry.model import Target, Verdict
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -102,8 +103,17 @@ class KdaScanSpec:
     state_dtype: str = "fp32"
     output_final_state: bool = False
     output_chunk_states: bool = False
+    # with output_chunk_states: the state every chunk_states_size tokens of each sequence (a
+    # multiple of chunk: every chunk_states_every-th chunk's start), stored in this dtype
+    chunk_states_size: int = 64
+    chunk_states_dtype: str = "fp32"
     state_layout: str = "kv"
     varlen: bool = False
+
+    @property
+    def chunk_states_every(self) -> int:
+        """Chunks per stored chunk state (1 when none are stored)."""
+        return self.chunk_states_size // self.chunk if self.output_chunk_states else 1
 
     def shared_bytes_estimate(self) -> int:
         return _scan_phase_bytes(self, self.block_v, self.num_stages)
@@ -291,6 +301,11 @@ def is_valid_scan_spec(spec: KdaScanSpec, target: Target, problem=None) -> Verdi
         (spec.min_occupancy >= 1, f"min_occupancy={spec.min_occupancy} must be >= 1"),
         (spec.state_layout in ("kv", "vk"), f"state_layout={spec.state_layout!r} not kv or vk"),
         (spec.state_dtype in ("fp32", "bf16"), f"state_dtype={spec.state_dtype!r} not fp32/bf16"),
+        (spec.chunk_states_dtype in CHUNK_STATE_DTYPES,
+         f"chunk_states_dtype={spec.chunk_states_dtype!r} not in {CHUNK_STATE_DTYPES}"),
+        (not spec.output_chunk_states
+         or (spec.chunk_states_size > 0 and spec.chunk_states_size % spec.chunk == 0),
+         f"chunk_states_size={spec.chunk_states_size} is not a multiple of chunk={spec.chunk}"),
         (spec.segment_chunks >= 0, f"segment_chunks={spec.segment_chunks} must be >= 0"),
         (not spec.segment_chunks
          or spec.combine_shared_bytes_estimate() <= target.shared_mem_per_block,
@@ -386,6 +401,8 @@ def _problem_fields(problem) -> tuple[dict, dict]:
         initial_state=problem.initial_state, state_dtype=problem.state_dtype,
         output_final_state=problem.output_final_state,
         output_chunk_states=problem.output_chunk_states, state_layout=problem.state_layout,
+        chunk_states_size=problem.chunk_states_size,
+        chunk_states_dtype=problem.chunk_states_dtype,
     )  # fmt: skip
     return {**shape, **tile}, {**shape, **scan}
 
