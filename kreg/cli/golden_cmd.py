@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from ._util import CliError, registry
+from ._util import CliError, registry, wrap
 
 STAGES = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
 
@@ -60,7 +60,7 @@ def run(args) -> int:
         outcome = golden.check(reg, path, jobs=args.jobs, plugins=plugins, progress=progress)
         stream = sys.stdout if outcome.ok and not outcome.skipped else sys.stderr
         for line in outcome.messages:
-            print(line, file=stream)
+            print(wrap(line, indent="    "), file=stream)
         return 0 if outcome.ok else 1
     cases = None
     if args.case:
