@@ -92,6 +92,11 @@ def _linear_attention_probe() -> tuple[type, Probe]:
                {"state_pool": True, "initial_state": True, "output_final_state": True}),
     ]  # fmt: skip
     options += [
+        Option("states / layouts", f"chunk states ({dt})",
+               {"output_chunk_states": True, "chunk_states_dtype": dt})
+        for dt in la.CHUNK_STATE_DTYPES if dt != "fp32"
+    ]  # fmt: skip
+    options += [
         Option("states / layouts", f"layout {layout}", {"state_layout": layout, "initial_state": True})
         for layout in la.STATE_LAYOUTS
     ]  # fmt: skip
@@ -330,7 +335,9 @@ def render(registry, rows: list[Row] | None = None) -> str:
         "",
         "One row per family × candidate × target. Every claim is derived: an enumerated spec valid "
         "on the target (hardware rules) is specialised to probe problems (each dtype and head "
-        "dim K = V, then each option turned on) and validated against the problem. Chunks are "
+        "dim K = V, then each option turned on) and validated against the problem. A claimed "
+        "head dim is served, not necessarily native: a family may run it padded (KDA zero-pads "
+        "any K, V <= 256 to 32, 64, 128 or 256, exactly). Chunks are "
         "those of the specs serving the claimed cells. *Specs* counts the enumerated specs valid "
         "/ rejected by the hardware rules alone. Verification says how this project checks the "
         "target: GPU-verified (numerics run on hardware by the GPU lane), compiled + "

@@ -32,7 +32,8 @@ def test_list(kreg, plugin_env):
     assert r.returncode == 0, r.stderr
     rows = [line.split() for line in r.stdout.splitlines()]
     assert ["testfam", "VecProblem", "3", "2", "testfam"] in rows
-    assert "yes: experimental, numerics unverified" in r.stdout
+    assert "\nOpt-in candidates\n" in r.stdout
+    assert "\n  testfam.fast: experimental, numerics unverified\n" in r.stdout
     assert ["sm90", "cuda", "90", "H100,", "H200", "gpu", "builtin:kreg.registry.builtin"] in rows
     assert (
         "Broken plugins (skipped)\n  broken (kreg-plugin-broken 0.1): RuntimeError: nope"

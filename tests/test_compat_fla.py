@@ -1,5 +1,6 @@
 """``kreg.compat.fla.chunk_kda`` without kernels: its signature is fla-core 0.6.0's, each fla flag
-reaches ``kda_prefill`` as the mapped argument (a recorder stands in for ``kda_prefill``), and
+reaches ``kda_prefill`` as the mapped argument (a recorder stands in for ``api.run_prefill``,
+``kda_prefill``'s body), and
 every refusal is raised before any launch, naming its argument.
 
 The outputs themselves (the shim equals ``kda_prefill`` bit for bit) are checked under the
@@ -60,20 +61,23 @@ def inputs(B=B):
 DEFAULTS = dict(
     scale=None, initial_state=None, output_final_state=False, gate_lower_bound=None,
     cu_seqlens=None, cu_seqlens_cpu=None, A_log=None, dt_bias=None, gate_activation="none",
-    use_qk_l2norm=False, use_beta_sigmoid=False, state_layout="kv",
+    use_qk_l2norm=False, use_beta_sigmoid=False, state_layout="kv", trim_chunk_states=True,
 )  # fmt: skip
 
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """Replace kda_prefill behind the shim; the list receives (args, kwargs) of each call."""
+    """Replace kda_prefill behind the shim; the list receives (args, kwargs) of each call. With
+    chunk states it returns them as kda_prefill would: ``[rows, HV, K, V]``, rows the cue."""
     calls = []
 
     def record(*args, **kwargs):
         calls.append((args, kwargs))
+        if kwargs.get("output_chunk_states"):
+            return "o", "ht", torch.zeros(6, HV, K, V, dtype=kwargs["chunk_states_dtype"])
         return "o", "ht"
 
-    monkeypatch.setattr(fla, "kda_prefill", record)
+    monkeypatch.setattr(fla, "_run", record)
     return calls
 
 
@@ -171,19 +175,22 @@ def strided(t):
     return torch.stack([t, torch.zeros_like(t)], dim=-1).flatten(-2)[..., ::2]
 
 
-def test_non_contiguous_inputs_are_copied(recorded):
+def test_non_contiguous_inputs_pass_through_uncopied(recorded):
+    """kda_prefill serves any strides (one copy there, merged with a head-dim padding): the
+    shim adds no second copy."""
     x = {n: strided(t) for n, t in inputs().items()}  # stride 2
     h0 = torch.randn(1, HV, V, K).transpose(-1, -2)
     assert not any(t.is_contiguous() for t in (*x.values(), h0))
     fla.chunk_kda(**x, initial_state=h0)
     ((args, kwargs),) = recorded
     for got, want in zip((*args, kwargs["initial_state"]), (*x.values(), h0), strict=True):
-        assert got.is_contiguous() and torch.equal(got, want)
+        assert got is want
 
 
 REJECTED = {
     "allow_neg_eigval": dict(allow_neg_eigval=True, use_beta_sigmoid_in_kernel=True),
-    "return_intermediate_states": dict(return_intermediate_states=True),
+    "disable_recompute": dict(return_intermediate_states=True, disable_recompute=True),
+    "max_num_seqs_graph": dict(use_graph=True, cu_seqlens=torch.tensor([0, 3, 8]), max_num_seqs=3),
     "cp_context": dict(cp_context=object()),
     "chunk_size": dict(chunk_size=16),
     "A_log": dict(use_gate_in_kernel=True),
@@ -197,14 +204,30 @@ REJECTED = {
 
 @pytest.mark.parametrize("name", REJECTED)
 def test_rejection_names_its_argument(recorded, name):
-    with pytest.raises(ValueError, match=rf"^{name}: "):
+    with pytest.raises(ValueError, match=rf"^{name.removesuffix('_graph')}: "):
         fla.chunk_kda(**inputs(), **REJECTED[name])
     assert not recorded
 
 
-def test_return_intermediate_states_points_to_kreg():
-    with pytest.raises(ValueError, match=r"kda_prefill\(output_chunk_states=True\)"):
-        fla.chunk_kda(**inputs(), return_intermediate_states=True)
+@pytest.mark.parametrize(
+    "B,extra,shape",
+    [(1, dict(), (1, 6)), (2, dict(chunk_size=32), (2, 3)),
+     (1, dict(cu_seqlens=torch.tensor([0, 3, 8])), (1, 6)),
+     (1, dict(cu_seqlens=torch.tensor([0, 3, 8]), use_graph=True, max_num_seqs=2), (1, 6)),
+     (1, dict(state_v_first=True), (1, 6))],
+    ids=["fixed", "batch2_chunk32", "varlen", "varlen_graph", "v_first"],
+)  # fmt: skip
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_return_intermediate_states_maps_to_chunk_states(recorded, B, extra, shape, dtype):
+    """fla's h: chunk states every chunk_size tokens in q's dtype, [B, NT, HV, K, V]; the whole
+    buffer (untrimmed) with use_graph and cu_seqlens, as fla's static chunk indices give."""
+    x = {n: t.to(dtype) for n, t in inputs(B=B).items()}
+    o, ht, h = fla.chunk_kda(**x, return_intermediate_states=True, **extra)
+    kw = mapped(recorded)
+    assert (kw["output_chunk_states"], kw["chunk_states_dtype"]) == (True, dtype)
+    assert kw["chunk_states_size"] == extra.get("chunk_size", 64)
+    assert kw["trim_chunk_states"] == (not extra.get("use_graph", False))
+    assert h.shape == (*shape, HV, K, V) and h.dtype == dtype
 
 
 @pytest.mark.parametrize("bound", [-5.5, 0.0])

@@ -391,3 +391,55 @@ def test_custom_op_under_torch_compile_inductor():
     o_c, ht_c = compiled(**x, h0=h0)
     o_e, ht_e = api.kda_prefill(**x, initial_state=h0, output_final_state=True)
     assert torch.equal(o_c, o_e * 2) and torch.equal(ht_c, ht_e + 1)
+
+
+# --- head dims the kernels lack, and chunk states at the caller's spacing -------------------------
+
+
+@pytest.mark.parametrize("K,V", [(100, 100), (60, 12), (16, 256)])
+def test_padded_head_dims_vs_float64_and_hand_padding(K, V, record_property):
+    """fla's test dims run zero-padded (api._pad_inputs): within the float64 budget, and bit
+    for bit the run on inputs padded by hand."""
+    from kreg.families.kda.specs import padded_head_dim
+
+    B, T, H = 2, 1500, 4
+    x = make(B, T, H, K=K, V=V, seed=K + V)
+    h0 = initial_state(B, H, K, V)
+    o, ht = api.kda_prefill(**x, initial_state=h0, output_final_state=True)
+    ro, rh = token_serial_f64(**x, initial_state=h0)
+    eo, eh = rel_rms(o, ro), rel_rms(ht, rh)
+    report(record_property, f"padded_o_rel_rms[K{K}V{V}]", eo)
+    assert eo <= MAX_REL_RMS and eh <= MAX_REL_RMS, (eo, eh)
+    Kp, Vp = padded_head_dim(K), padded_head_dim(V)
+    pad = {n: torch.nn.functional.pad(t, (0, (Vp - V) if n == "v" else (Kp - K)))
+           for n, t in x.items() if n != "beta"}  # fmt: skip
+    po, pht = api.kda_prefill(**pad, beta=x["beta"], scale=K**-0.5, output_final_state=True,
+                              initial_state=torch.nn.functional.pad(h0, (0, Vp - V, 0, Kp - K)))  # fmt: skip
+    assert torch.equal(o, po[..., :V]) and torch.equal(ht, pht[..., :K, :V])
+    assert not pht[..., K:, :].any() and not pht[..., :, V:].any()
+
+
+def test_chunk_states_spacing_and_dtype():
+    """States every 64 / 128 tokens are the full-rate states (at the spec's chunk) subsampled,
+    bit for bit, fixed-length and varlen; bf16 ones are the fp32 ones rounded (to nearest)."""
+    lens = [1300, 0, 2048, 963]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    for x, extra, lengths in ((make(2, 4000, 8, seed=40), {}, [4000, 4000]),
+                              (make(1, int(cu[-1]), 8, seed=41), dict(cu_seqlens=cu), lens)):  # fmt: skip
+        problem, _ = api._prepare(
+            **x,
+            **{**_PREPARE_DEFAULTS, **extra, "output_chunk_states": True, "gate_lower_bound": None},
+        )
+        chunk = select(problem, "sm90").spec.tile.chunk
+        kw = dict(output_chunk_states=True, **extra)
+        full = api.kda_prefill(**x, **kw, chunk_states_size=chunk)[2]
+        for size in (64, 128):
+            hs = api.kda_prefill(**x, **kw, chunk_states_size=size)[2]
+            rows, at = [], 0
+            for n in lengths:
+                nc = -(-n // chunk)
+                rows.append(full[at : at + nc : size // chunk])
+                at += nc
+            assert torch.equal(hs, torch.cat(rows)), size
+        bf = api.kda_prefill(**x, **kw, chunk_states_dtype=BF16)[2]
+        assert torch.equal(bf, api.kda_prefill(**x, **kw)[2].to(BF16))

@@ -11,6 +11,7 @@ import pytest
 
 from kreg import golden, matrix
 from kreg.dispatch import NoCandidateError, select
+from kreg.families.kda.specs import padded_head_dim
 from kreg.problems import LinearAttentionProblem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ def test_check_detects_staleness(reg, tmp_path):
     path = tmp_path / "SUPPORT_MATRIX.md"
     matrix.write(reg, path)
     assert matrix.check(reg, path)[0]
-    path.write_text(path.read_text().replace("| 32, 64, 128 |", "| 32, 64, 128, 256 |", 1))
+    path.write_text(path.read_text().replace("| 16, 32, 48, 64 |", "| 16, 32, 48, 64, 96 |", 1))
     ok, message = matrix.check(reg, path)
     assert not ok and "run `kreg matrix --write`" in message
     env = {**os.environ, "KREG_PLUGINS": "none"}
@@ -77,7 +78,8 @@ def test_claimed_cells_validate(reg, rows):
             verdict = c.is_valid(cell.spec, target, cell.problem)
             assert verdict.ok, (r.candidate, r.target, cell, verdict.reasons)
             assert matrix.spec_value(cell.spec, "dtype") == cell.dtype == cell.problem.dtype
-            assert matrix.spec_value(cell.spec, "head_dim_k") == cell.head_dim_k
+            # a claimed head dim runs at the kernel head dim it pads to
+            assert matrix.spec_value(cell.spec, "head_dim_k") == padded_head_dim(cell.head_dim_k)
             assert matrix.spec_value(cell.spec, "chunk") == cell.chunk
             claimed += 1
         # the dispatcher agrees: it serves each claimed (dtype, head dim) with this candidate
@@ -118,7 +120,7 @@ def test_claimed_cells_compile(reg, rows):
 @pytest.mark.parametrize(
     "fields, reason",
     [
-        ({"head_dim_k": 48, "head_dim_v": 48}, "head_dim_k=48 not in supported"),
+        ({"head_dim_k": 512, "head_dim_v": 512}, "head_dim_k=512 not in supported"),
         ({"dtype": "fp8"}, "dtype='fp8' not in"),
         ({"chunk": 128}, "chunk=128 not in"),
     ],
@@ -142,7 +144,9 @@ def test_unclaimed_cells_rejected_with_reason(reg, rows, fields, reason):
 
 
 def test_unclaimed_problems_rejected_by_dispatch(reg):
-    with pytest.raises(NoCandidateError, match="no enumerated|match the problem"):
-        select(LinearAttentionProblem.from_options({"K": 48}), "sm90")
+    with pytest.raises(NoCandidateError, match="K=512, V=512: at most 256"):
+        select(LinearAttentionProblem.from_options({"K": 512}), "sm90")
+    # below 256 any head dim is served (padded)
+    assert select(LinearAttentionProblem.from_options({"K": 48}), "sm90").spec.tile.head_dim_k == 64
     with pytest.raises(ValueError, match="dtype must be one of"):
         LinearAttentionProblem.from_options({"dtype": "fp8"})

@@ -203,7 +203,7 @@ def test_foreign_family_never_takes_over_kda(plugin_env, monkeypatch, capsys):
         select(problem, "sm90", family="nope")
 
     seen = []
-    monkeypatch.setattr(api, "run_selection", lambda sel, call, problem: seen.append(sel))
+    monkeypatch.setattr(api, "run_selection", lambda sel, call, problem, *_: seen.append(sel))
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors pass the checks; nothing launches
     B, T, H, D = 1, 64, 2, 64
     q, k, v = (torch.randn(B, T, H, D) for _ in range(3))

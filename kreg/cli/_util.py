@@ -136,10 +136,12 @@ def check_spec(candidate, spec, target, overrides: list[str] | None = None) -> N
     except Exception as e:
         raise CliError(
             f"{candidate.name}: spec{given} is not valid on {target.name}: its validity rules "
-            f"fail on these values ({type(e).__name__}: {e}); spec: {spec!r}"
+            f"fail on these values ({type(e).__name__}: {e}); spec: {short_repr(spec)}"
         ) from e
     if not verdict.ok:
-        raise CliError(f"{spec!r} is not valid on {target.name}: {'; '.join(verdict.reasons)}")
+        raise CliError(
+            f"{short_repr(spec)} is not valid on {target.name}: {'; '.join(verdict.reasons)}"
+        )
 
 
 def jsonable(obj: Any) -> Any:
@@ -160,11 +162,52 @@ def dump_json(data: Any) -> str:
     return json.dumps(data, indent=2, default=str)
 
 
-def table(rows: list[list[Any]], header: list[str], indent: str = "") -> str:
-    """A plain left-aligned text table."""
+WIDTH = 100  # columns every table and message of the CLI fits in
+_MIN_COLUMN = 12
+
+
+def short_repr(obj: Any) -> str:
+    """``repr`` of an attrs value with only the fields that differ from their defaults (fields
+    without a default always), nested values likewise: ``KdaScanSpec(chunk=32, block_v=32)``."""
+    if not attrs.has(type(obj)):
+        return repr(obj)
+    parts = []
+    for f in attrs.fields(type(obj)):
+        if not f.repr:
+            continue
+        value = getattr(obj, f.name)
+        default = f.default.factory() if isinstance(f.default, attrs.Factory) else f.default
+        if f.default is attrs.NOTHING or value != default:
+            parts.append(f"{f.name}={short_repr(value)}")
+    return f"{type(obj).__name__}({', '.join(parts)})"
+
+
+def wrap(text: str, width: int = WIDTH, indent: str = "") -> str:
+    """``text`` wrapped at word boundaries to ``width`` columns, later lines indented."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width, subsequent_indent=indent,
+                                    break_on_hyphens=False)) or text  # fmt: skip
+
+
+def table(rows: list[list[Any]], header: list[str], indent: str = "", width: int = WIDTH) -> str:
+    """A plain left-aligned text table within ``width`` columns: while it is wider, the widest
+    column narrows by one and its cells wrap onto continuation lines."""
+    import textwrap
+
     cells = [[str(c) for c in row] for row in [header, *rows]]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return "\n".join(
-        indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-        for r in cells
-    )
+    while len(indent) + sum(widths) + 2 * (len(widths) - 1) > width:
+        i = max(range(len(widths)), key=lambda j: (widths[j], j))
+        if widths[i] <= _MIN_COLUMN:
+            break  # nothing narrower is readable: let it overflow
+        widths[i] -= 1
+    lines = []
+    for r in cells:
+        wrapped = [textwrap.wrap(c, w, break_on_hyphens=False) or [""]
+                   for c, w in zip(r, widths, strict=True)]  # fmt: skip
+        for k in range(max(map(len, wrapped))):
+            parts = [(col[k] if k < len(col) else "").ljust(w)
+                     for col, w in zip(wrapped, widths, strict=True)]  # fmt: skip
+            lines.append((indent + "  ".join(parts)).rstrip())
+    return "\n".join(lines)

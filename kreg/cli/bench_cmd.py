@@ -11,7 +11,7 @@ import datetime
 import sys
 from pathlib import Path
 
-from ._util import CliError, dump_json, jsonable, registry, table
+from ._util import CliError, dump_json, jsonable, registry, table, wrap
 
 
 def add_parser(subparsers):
@@ -81,7 +81,7 @@ def _list(args) -> int:
         return 0
     out = []
     for s, cases in listed:
-        out.append(f"{s.name} (family {s.family}): {s.description}")
+        out.append(wrap(f"{s.name} (family {s.family}): {s.description}", indent="  "))
         if not cases:
             out.append("  (no cases" + (f" match {' '.join(args.cases)!r})" if args.cases
                                         else ")"))  # fmt: skip

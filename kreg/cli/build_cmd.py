@@ -23,6 +23,7 @@ from ._util import (
     parse_assignments,
     problem_from_options,
     registry,
+    short_repr,
     table,
 )
 
@@ -71,7 +72,9 @@ def run(args) -> int:
             f"does not compile for {target.name}: {_error_line(e)}"
         ) from e
     if not artifacts:
-        raise CliError(f"{spec!r} uses none of the kernels asked for ({', '.join(builders)})")
+        raise CliError(
+            f"{short_repr(spec)} uses none of the kernels asked for ({', '.join(builders)})"
+        )
 
     if args.stage:
         for name, art in artifacts.items():
@@ -97,10 +100,9 @@ def run(args) -> int:
         out = {"candidate": candidate.name, "target": target.name, "spec": jsonable(spec)}
         print(dump_json({**out, "spec_source": how, "kernels": rows}))
         return 0
-    print(
-        f"candidate  {candidate.name}\ntarget     {target.name}\nspec       {spec!r}\n"
-        f"chosen     {how}\n"
-    )
+    head = [["candidate", candidate.name], ["target", target.name], ["spec", short_repr(spec)],
+            ["chosen", how]]  # fmt: skip
+    print(table(head, ["", ""]).split("\n", 1)[1] + "\n")
     print(table([[("-" if v is None else v) for v in r.values()] for r in rows], list(rows[0])))
     return 0
 
@@ -116,7 +118,12 @@ def resolve(name: str, target, options: dict | None = None):
         if problem is None:
             raise CliError(f"family {name!r} has no default problem: name a candidate")
         sel = select(problem, target, family=name)  # NoCandidateError: a user error
-        return sel.candidate, sel.spec, f"selected for {problem!r}: {sel.decided_by}", problem
+        return (
+            sel.candidate,
+            sel.spec,
+            f"selected for {short_repr(problem)}: {sel.decided_by}",
+            problem,
+        )
     if name not in reg.candidates:
         known = ", ".join([*reg.families, *reg.candidates])
         raise CliError(f"unknown candidate or family {name!r}; known: {known}")
@@ -131,7 +138,12 @@ def resolve(name: str, target, options: dict | None = None):
             sel = select(
                 problem, target, algorithm=name, allow_opt_in=True, family=candidate.family
             )
-            return candidate, sel.spec, f"selected for {problem!r}: {sel.decided_by}", problem
+            return (
+                candidate,
+                sel.spec,
+                f"selected for {short_repr(problem)}: {sel.decided_by}",
+                problem,
+            )
         except NoCandidateError:
             pass
     for spec in candidate.enumerate_specs(target):

@@ -11,6 +11,7 @@ from ._util import (
     jsonable,
     parse_assignments,
     problem_from_options,
+    short_repr,
     table,
 )
 
@@ -69,11 +70,11 @@ def as_json(family, problem, args, sel) -> dict:
 def as_text(problem, args, sel) -> str:
     head = table(
         [
-            ["problem", repr(problem)],
+            ["problem", short_repr(problem)],
             ["target", sel.target.name],
             ["algorithm", args.algorithm + (" (opt-in allowed)" if args.allow_opt_in else "")],
             ["selected", sel.candidate.name],
-            ["spec", repr(sel.spec)],
+            ["spec", short_repr(sel.spec)],
             ["decided by", sel.decided_by],
             # the shape class tuning entries match: what the problem is planned as
             *([["bucket", repr(problem.bucket())]] if hasattr(problem, "bucket") else []),

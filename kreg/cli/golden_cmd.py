@@ -2,7 +2,9 @@
 
 ``check`` compiles every case for every target it covers and compares the normalised IR hashes
 with the installed Triton's sub-document of ``golden/ir_sha256.json`` (exit 1 on any difference,
-a missing sub-document, cases added or dropped without regenerating, or colliding case names).
+cases added or dropped without regenerating, or colliding case names). A Triton the file does not
+pin skips the check (exit 0, the pinned versions named on stderr); in CI (``$CI`` or
+``$KREG_GOLDEN_STRICT``) that fails (exit 1).
 ``update`` regenerates that sub-document (``--case NAME``: only those cases' entries, the rest of
 the file kept). ``diff CASE`` prints a case's normalised IR, or with
 ``--against REV`` the unified diff between the IR built from revision REV and the working tree.
@@ -14,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from ._util import CliError, registry
+from ._util import CliError, registry, wrap
 
 STAGES = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
 
@@ -56,9 +58,9 @@ def run(args) -> int:
     path = args.file or golden.default_path(args.root)  # an installed kreg needs --root or --file
     if args.golden_command == "check":
         outcome = golden.check(reg, path, jobs=args.jobs, plugins=plugins, progress=progress)
-        stream = sys.stdout if outcome.ok else sys.stderr
+        stream = sys.stdout if outcome.ok and not outcome.skipped else sys.stderr
         for line in outcome.messages:
-            print(line, file=stream)
+            print(wrap(line, indent="    "), file=stream)
         return 0 if outcome.ok else 1
     cases = None
     if args.case:

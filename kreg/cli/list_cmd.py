@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ._util import dump_json, registry, table
+from ._util import dump_json, registry, table, wrap
 
 
 def add_parser(subparsers):
@@ -128,10 +128,6 @@ def _broken_label(reg, plugin: str) -> str:
     return plugin if info is None or info.distribution is None else f"{plugin} ({info.label})"
 
 
-def _short(text: str, width: int = 48) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
 def text(reg) -> str:
     out = ["Families"]
     out.append(
@@ -159,7 +155,7 @@ def text(reg) -> str:
             [
                 c.name,
                 c.priority,
-                _short(f"yes: {c.opt_in_reason}") if c.opt_in else "no",
+                "yes (below)" if c.opt_in else "no",
                 ", ".join(t.__name__ for t in c.spec_types),
                 ", ".join(c.targets) if c.targets is not None else "all",
                 reg.origin[c.name],
@@ -170,6 +166,10 @@ def text(reg) -> str:
         if rows
         else "  (none)"
     )
+    opt_in = [c for c in reg.candidates.values() if c.opt_in]
+    if opt_in:  # never selected by "auto": why, in full
+        out += ["", "Opt-in candidates"]
+        out += [wrap(f"  {c.name}: {c.opt_in_reason}", indent="    ") for c in opt_in]
     out += ["", "Targets"]
     out.append(
         table(

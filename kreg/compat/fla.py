@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from kreg.families.kda import kda_prefill
+from kreg.families.kda.api import run_prefill as _run
 
 # the keyword-only names fla 0.6.0 reads from ``**kwargs``
 _KWARGS = ("A_log", "dt_bias", "chunk_size", "transpose_state_layout")
@@ -34,10 +34,6 @@ def _flag(name: str, value) -> bool:
     if not isinstance(value, bool):
         _fail(name, f"must be a bool, got {value!r}")
     return value
-
-
-def _contiguous(x):
-    return x.contiguous() if isinstance(x, torch.Tensor) else x
 
 
 def _known_kwargs(function: str, kwargs: dict, known) -> None:
@@ -87,7 +83,13 @@ def chunk_kda(
     """fla 0.6.0's ``chunk_kda`` (forward only), run by ``kda_prefill``.
 
     Returns ``(o, final_state)`` as fla does; ``final_state`` is None unless
-    ``output_final_state``. Layouts are fla's (and kda_prefill's): q, k ``[B, T, H, K]``, v
+    ``output_final_state``. With ``return_intermediate_states=True``, ``(o, final_state, h)``
+    as fla: ``h`` the state at the start of every ``chunk_size`` tokens (64 by default) of each
+    sequence, ``[B, NT, HV, K, V]`` (``[.., V, K]`` with ``state_v_first``) in q's dtype, NT =
+    ceil(T / chunk_size); with ``cu_seqlens`` B = 1 and NT the sequences' chunks in order
+    (with ``use_graph`` too, ``ceil(T / chunk_size) + N - 1`` rows, the surplus unwritten, as
+    fla's). Served by ``kda_prefill(output_chunk_states=True, chunk_states_size=chunk_size,
+    chunk_states_dtype=q.dtype)``, whatever chunk kreg's kernels run at. Layouts are fla's (and kda_prefill's): q, k ``[B, T, H, K]``, v
     ``[B, T, HV, V]``, g ``[B, T, HV, K]``, beta ``[B, T, HV]``, states ``[N, HV, K, V]``.
 
     Mapping to ``kda_prefill``:
@@ -109,17 +111,19 @@ def chunk_kda(
       fla and none here.
     - Accepted, no effect on the result: ``disable_recompute`` (backward only; kreg has no
       backward), ``use_graph`` (kreg's offsets already serve zero-length padding sequences and
-      graph capture), ``max_num_seqs``, ``chunk_size`` (32 or 64 as in fla; kreg picks its own
-      tiles). ``transpose_state_layout`` (fla's deprecated name of ``state_v_first``) warns
+      graph capture; with ``use_graph`` and ``cu_seqlens`` an explicit ``max_num_seqs`` must be
+      the sequence count, as fla asserts), ``max_num_seqs``, ``chunk_size`` (32 or 64 as in
+      fla; kreg picks its own tiles; it sets the spacing of ``return_intermediate_states``). ``transpose_state_layout`` (fla's deprecated name of ``state_v_first``) warns
       and is served as fla serves it.
     - Refused (``ValueError`` naming the argument): ``allow_neg_eigval=True``,
-      ``return_intermediate_states=True`` (kreg's chunk states come at its own chunk size:
-      ``kreg.families.kda.kda_prefill(output_chunk_states=True)``), ``cp_context`` (kreg's context
-      parallel prefill is ``kreg.families.kda.kda_prefill_cp``, over a process group). Other keyword names raise ``TypeError`` (fla ignores
+      ``disable_recompute=True`` with ``return_intermediate_states=True`` (fla asserts the
+      same), ``cp_context`` (kreg's context parallel prefill is
+      ``kreg.families.kda.kda_prefill_cp``, over a process group). Other keyword names raise ``TypeError`` (fla ignores
       them silently, which would hide a misspelt ``A_log``).
 
-    Differences from fla: every tensor argument is made contiguous first, as fla's
-    ``input_guard`` does, so a non-contiguous input costs a copy; ``initial_state`` may also be
+    Differences from fla: a non-contiguous tensor costs one copy, as with fla's
+    ``input_guard`` (``kda_prefill`` makes it, merged with the head-dim padding where there is
+    one); int32 and int64 ``cu_seqlens`` are both served; ``initial_state`` may also be
     bf16 (fla requires fp32); inputs that require grad are refused (``kda_prefill`` has no
     backward), where fla would build a graph.
     """
@@ -131,15 +135,19 @@ def chunk_kda(
                             "parallel call kreg.families.kda.kda_prefill_cp(..., group=...)")  # fmt: skip
     if _flag("allow_neg_eigval", allow_neg_eigval):
         _fail("allow_neg_eigval", "True (beta in [0, 2)) is not served by kreg; pass False")
-    if _flag("return_intermediate_states", return_intermediate_states):
-        _fail("return_intermediate_states", "True is not served yet: kreg's chunk states come at "
-              "its own chunk size, from kreg.families.kda.kda_prefill(output_chunk_states=True)")  # fmt: skip
-    _flag("disable_recompute", disable_recompute)
+    intermediate = _flag("return_intermediate_states", return_intermediate_states)
+    if _flag("disable_recompute", disable_recompute) and intermediate:
+        _fail("disable_recompute", "must be False with return_intermediate_states=True (as fla)")
     _flag("use_graph", use_graph)
     if max_num_seqs is not None and (
         isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int)
     ):
         _fail("max_num_seqs", f"must be an int or None, got {max_num_seqs!r}")
+    if use_graph and cu_seqlens is not None and max_num_seqs is not None:
+        n = len(cu_seqlens) - 1
+        if n != max_num_seqs:
+            _fail("max_num_seqs", f"{max_num_seqs}, but cu_seqlens holds {n} sequences: pad it "
+                                  "with zero-length sequences to max_num_seqs + 1 entries (as fla)")  # fmt: skip
     chunk_size = kwargs.get("chunk_size", 64)
     if chunk_size not in (32, 64) or isinstance(chunk_size, bool):
         _fail("chunk_size", f"must be either 32 or 64 for KDA, got {chunk_size!r}")
@@ -168,10 +176,9 @@ def chunk_kda(
         if _flag("safe_gate", safe_gate):
             gate_lower_bound = lower_bound
 
-    q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens = map(
-        _contiguous, (q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens)
-    )
-    return kda_prefill(
+    states = dict(output_chunk_states=intermediate, chunk_states_size=chunk_size,
+                  chunk_states_dtype=q.dtype) if intermediate else {}  # fmt: skip
+    out = _run(
         q, k, v, g, beta,
         scale=scale,
         initial_state=initial_state,
@@ -185,7 +192,18 @@ def chunk_kda(
         use_qk_l2norm=use_qk_l2norm_in_kernel,
         use_beta_sigmoid=use_beta_sigmoid_in_kernel,
         state_layout=state_layout,
+        trim_chunk_states=not (use_graph and cu_seqlens is not None),
+        **states,
     )  # fmt: skip
+    if not intermediate:
+        return out
+    o, final_state, h = out
+    return o, final_state, h.view(-1 if cu_seqlens is None else 1, *_rows(h, q, cu_seqlens))
+
+
+def _rows(h, q, cu_seqlens):
+    """fla's [B, NT, ...]: NT rows per batch row (varlen: all of them in the one row)."""
+    return ((h.shape[0] // q.shape[0]) if cu_seqlens is None else h.shape[0], *h.shape[1:])
 
 
 def fused_recurrent_kda(
@@ -269,10 +287,7 @@ def fused_recurrent_kda(
             gate_activation, gate_lower_bound = "sigmoid_bound", lower_bound
     else:
         A_log = dt_bias = None  # ignored, as fla ignores them
-    q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, indices = map(
-        _contiguous, (q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, indices)
-    )
-    return kda_prefill(
+    return _run(
         q, k, v, g, beta,
         scale=scale,
         initial_state=initial_state,

@@ -15,6 +15,7 @@ GATE_KINDS = ("per_channel", "scalar")
 GATE_ACTIVATIONS = ("none", "sigmoid_bound", "softplus")
 STATE_LAYOUTS = ("kv", "vk")
 STATE_DTYPES = ("fp32", "bf16")
+CHUNK_STATE_DTYPES = ("fp32", "bf16", "fp16")
 
 
 def _positive(instance, attribute, value):
@@ -82,6 +83,9 @@ class LinearAttentionProblem:
     # the states live in a pool [P, HV, K, V] read and written in place through per-sequence
     # slots (``initial_state_indices``): needs initial_state and output_final_state
     state_pool: bool = attrs.field(default=False, validator=_bool)
+    # with output_chunk_states: the state every chunk_states_size tokens, in this dtype
+    chunk_states_size: int = attrs.field(default=64, validator=_positive)
+    chunk_states_dtype: str = attrs.field(default="fp32", validator=_one_of(CHUNK_STATE_DTYPES))
     varlen: bool = attrs.field(default=False, validator=_bool)
     num_seqs: int | None = None  # defaults to batch; the sequence count with varlen
     # the longest sequence's tokens with varlen (an upper bound is fine: it plans, never indexes);
@@ -147,10 +151,12 @@ class LinearAttentionProblem:
         ``tokens_per_seq`` is the longest sequence's, not the mean: the scan's serial chain is
         as long as the longest sequence, so one 30,000-token sequence among 20 short ones runs
         like a 30,000-token problem (with the mean, 1,500, it would be keyed and tuned as a
-        short one). Fixed-length batches are unchanged (there the longest is ``seq_len``)."""
+        short one). Fixed-length batches are unchanged (there the longest is ``seq_len``).
+        ``head_dim`` is the power of two at or above K: a K of 100 runs padded to 128 (KDA's
+        kernels), so it takes 128's measurements."""
         return {
             "dtype": self.dtype,
-            "head_dim": self.head_dim_k,
+            "head_dim": _bucket(self.head_dim_k),
             "seqs_x_heads": _bucket(self.num_seqs * self.heads_v),
             "tokens_per_seq": _bucket(self.longest_seq),
         }

@@ -325,7 +325,8 @@ def test_varlen_equals_each_sequence_alone(fused):
     h0 = state(4, 2, 32, 32)
     cu_t = torch.tensor(cu)
     o, ht, hs = run(x, chunk=32, fused=fused, cu_seqlens=cu_t, initial_state=h0,
-                    output_final_state=True, output_chunk_states=True)  # fmt: skip
+                    output_final_state=True, output_chunk_states=True,
+                    chunk_states_size=32)  # fmt: skip
     check_vs_oracles(x, o, ht, chunk=32, initial_state=h0, cu_seqlens=cu)
     _, _, ref_hs = tile_oracle(**x, initial_state=h0, cu_seqlens=cu, chunk=32,
                                return_chunk_states=True)  # fmt: skip
@@ -338,7 +339,8 @@ def test_varlen_equals_each_sequence_alone(fused):
             continue
         part = {name: t[:, a:b].contiguous() for name, t in x.items()}
         o_n, h_n, hs_n = run(part, chunk=32, fused=fused, initial_state=h0[n : n + 1],
-                             output_final_state=True, output_chunk_states=True)  # fmt: skip
+                             output_final_state=True, output_chunk_states=True,
+                             chunk_states_size=32)  # fmt: skip
         assert_equal(o[:, a:b], o_n, f"o of sequence {n}")
         assert_equal(ht[n : n + 1], h_n, f"final state of sequence {n}")
         first = sum(-(-(cu[i + 1] - cu[i]) // 32) for i in range(n))
@@ -389,7 +391,7 @@ def test_chunk_states_match_the_tile_oracle(layout):
     if layout == "vk":
         h0 = h0.transpose(-1, -2).contiguous()
     o, ht, hs = run(x, chunk=C, initial_state=h0, output_final_state=True,
-                    output_chunk_states=True, state_layout=layout)  # fmt: skip
+                    output_chunk_states=True, chunk_states_size=C, state_layout=layout)  # fmt: skip
     _, _, ref = tile_oracle(**x, initial_state=h0, chunk=C, state_layout=layout,
                             return_chunk_states=True)  # fmt: skip
     nt = -(-T // C)

@@ -20,10 +20,13 @@ from kreg.problems import LinearAttentionProblem
 from kreg.registry.interpreter import interpreting
 
 from . import launch
-from .specs import HEAD_DIMS
+from .specs import CHUNKS, HEAD_DIMS, MAX_HEAD_DIM, padded_head_dim
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _STATE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+_CHUNK_STATE_DTYPES_BY_NAME = {name: dt for dt, name in _DTYPES.items()}
+# chunk states every chunk_states_size tokens: a multiple of the smallest kernel chunk
+_CHUNK_STATES_QUANTUM = min(CHUNKS)
 
 
 def kda_prefill(
@@ -52,6 +55,8 @@ def kda_prefill(
     max_seqlen: int | None = None,
     initial_state_indices: torch.Tensor | None = None,
     initial_state_indices_cpu: torch.Tensor | None = None,
+    chunk_states_size: int = 64,
+    chunk_states_dtype: torch.dtype = torch.float32,
 ):
     """KDA prefill or decode step. Returns ``(o, final_state)``, or
     ``(o, final_state, chunk_states)`` with ``output_chunk_states``.
@@ -64,7 +69,10 @@ def kda_prefill(
     Layouts (as the public peers): q, k ``[B, T, H, K]``; v ``[B, T, HV, V]``; g ``[B, T, HV, K]``
     (log-decay, or the raw gate input with ``gate_activation``); beta ``[B, T, HV]``; states
     ``[B or N, HV, K, V]`` fp32 (``[.., V, K]`` with ``state_layout="vk"``; the initial state may
-    be bf16). HV is a multiple of H: value head hv reads qk head ``hv // (HV // H)``.
+    be bf16). HV is a multiple of H: value head hv reads qk head ``hv // (HV // H)``. K and V
+    are any size up to 256; sizes other than 32, 64, 128, 256 run zero-padded to the next one,
+    exactly, at the cost of copies into and out of padded buffers (``_pad_inputs``). Tensors
+    of any strides are served: a non-contiguous one costs one copy (``_kernel_inputs``).
 
     ``gate_lower_bound``: None (the default) serves any gate g <= 0 exactly, ``-inf`` (a hard
     reset) and gates of any magnitude included. A number is a promise that every per-step
@@ -88,8 +96,14 @@ def kda_prefill(
     sequence, so a long sequence among short ones gets a sequence-parallel scan). None (the
     default): the longest length is taken from the host copy of the offsets, never with an
     extra device sync; a given one must be >= that length. Without ``cu_seqlens``: None or T.
-    ``output_chunk_states``: also return the state at the start of every chunk,
-    ``[total chunks, HV, K, V]`` fp32, chunks in sequence order (for prefix caching).
+    ``output_chunk_states``: also return the states for prefix caching: the state at the start
+    of every ``chunk_states_size`` tokens of each sequence (default 64, as fla; a positive
+    multiple of 16, the smallest kernel chunk: 64 and its multiples are served by every spec,
+    others only by the specs whose chunk divides them), ``[rows, HV, K, V]`` (``[.., V, K]``
+    with ``state_layout="vk"``), rows ``B * ceil(T / size)``, or with ``cu_seqlens`` the sum of
+    ``ceil(length / size)`` in sequence order; in ``chunk_states_dtype`` (fp32, the default,
+    bf16 or fp16: rounded from the fp32 state on the store). Independent of the kernels'
+    chunk.
 
     State pools (the serving engines' state cache): ``initial_state`` a pool ``[P, HV, K, V]``
     (``[P, HV, V, K]`` with ``state_layout="vk"``; fp32 or bf16) and ``initial_state_indices``
@@ -108,29 +122,51 @@ def kda_prefill(
     pass device indices; the captured graph reads them at every replay. int32 indices are
     converted to int64 on the device (one small kernel; pass int64 to avoid it).
     """
-    problem, call = _prepare(
-        q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound,
-        cu_seqlens, cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm,
-        use_beta_sigmoid, state_layout, output_chunk_states, max_seqlen,
-        initial_state_indices, initial_state_indices_cpu,
+    return run_prefill(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, gate_lower_bound=gate_lower_bound,
+        cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, A_log=A_log, dt_bias=dt_bias,
+        gate_activation=gate_activation, use_qk_l2norm=use_qk_l2norm,
+        use_beta_sigmoid=use_beta_sigmoid, state_layout=state_layout,
+        output_chunk_states=output_chunk_states, max_seqlen=max_seqlen,
+        chunk_states_size=chunk_states_size, chunk_states_dtype=chunk_states_dtype,
+        initial_state_indices=initial_state_indices,
+        initial_state_indices_cpu=initial_state_indices_cpu,
+        algorithm=algorithm, allow_opt_in=allow_opt_in, target=target,
     )  # fmt: skip
+
+
+def run_prefill(q, k, v, g, beta, *, algorithm="auto", allow_opt_in=False, target=None,
+                trim_chunk_states=True, **options):  # fmt: skip
+    """``kda_prefill`` (``options``: its other keywords, ``_prepare``'s defaults for the rest);
+    ``trim_chunk_states=False`` returns a varlen call's whole chunk-state buffer
+    (``launch.chunk_state_rows`` rows, the written ones first: what fla's ``use_graph``
+    returns, the same rows whatever the offsets, as a captured graph needs)."""
+    problem, call = _prepare(q, k, v, g, beta, **options)
     selection = select(problem, target=_target(q, target), algorithm=algorithm,
                        allow_opt_in=allow_opt_in, family="kda")  # fmt: skip
-    return run_selection(selection, call, problem)
+    return run_selection(selection, call, problem, trim_chunk_states)
 
 
-def run_selection(selection, call: launch.Call, problem: LinearAttentionProblem):
+def run_selection(selection, call: launch.Call, problem: LinearAttentionProblem,
+                  trim_chunk_states: bool = True):  # fmt: skip
     """Launch the selected candidate's kernels on prepared tensors."""
     spec = selection.spec
-    if selection.candidate.name == "kda.recurrent":
-        return launch.run_recurrent(call, spec)[:2]  # no chunk states: the candidate refuses them
+    if selection.candidate.name == "kda.recurrent":  # no chunk states: the candidate refuses them
+        o, ht = launch.run_recurrent(call, spec)[:2]
+        # a pool (always at kernel head dims: make_call) comes back whole
+        ht = ht if call.state_indices is not None else _unpad(ht, problem, problem.state_layout)
+        return _unpad(o, problem, "o"), ht
     if selection.candidate.name == "kda.fused":
         o, ht, hs = launch.run_fused(call, spec)
     else:
         o, ht, hs = launch.run_split(call, spec.tile, spec.scan)
+    o, ht = _unpad(o, problem, "o"), _unpad(ht, problem, problem.state_layout)
     if not problem.output_chunk_states:
         return o, ht
-    return o, ht, hs[: _total_chunks(call, spec.tile.chunk)]
+    if trim_chunk_states:
+        hs = hs[: _total_chunks(call, call.chunk_states_size)]
+    return o, ht, _unpad(hs, problem, problem.state_layout)
 
 
 def _total_chunks(call: launch.Call, chunk: int) -> int:
@@ -204,8 +240,6 @@ def _check_tensor(name, x, shape, dtypes, device):
         _fail(name, f"dtype {x.dtype} not supported here (allowed: {', '.join(map(str, dtypes))})")
     if x.device != device:
         _fail(name, f"on {x.device}, but q is on {device}")
-    if not x.is_contiguous():
-        _fail(name, "must be contiguous (call .contiguous())")
 
 
 def _check_no_grad(named) -> None:
@@ -265,9 +299,9 @@ def _validate(
     q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound, cu_seqlens,
     cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm, use_beta_sigmoid,
     state_layout, output_chunk_states, max_seqlen=None, initial_state_indices=None,
-    initial_state_indices_cpu=None,
+    initial_state_indices_cpu=None, chunk_states_size=64, chunk_states_dtype=torch.float32,
 ) -> Checked:  # fmt: skip
-    """Every check that reads no tensor's values: types, shapes, dtypes, devices, contiguity,
+    """Every check that reads no tensor's values: types, shapes, dtypes, devices,
     scalars, flags, and gradients. The one place of each check, shared by ``_prepare`` and the
     custom op's fake implementation, so eager and traced calls fail with the same message."""
     _check_4d("q", q, _Q_DIMS)
@@ -280,8 +314,9 @@ def _validate(
     if HV % H:
         _fail("v", f"value heads HV={HV} must be a multiple of qk heads H={H}")
     for name, dim in (("q", K), ("v", V)):
-        if dim not in HEAD_DIMS:
-            _fail(name, f"head dim {dim} not supported (supported: {HEAD_DIMS})")
+        if dim > MAX_HEAD_DIM:
+            _fail(name, f"head dim {dim} not supported (at most {MAX_HEAD_DIM}; below that any "
+                        f"size, zero-padded to the next of {HEAD_DIMS})")  # fmt: skip
     act_dtypes = (q.dtype,)
     _check_tensor("q", q, (B, T, H, K), act_dtypes, device)
     _check_tensor("k", k, (B, T, H, K), act_dtypes, device)
@@ -324,6 +359,8 @@ def _validate(
             _fail(name, f"must be a bool, got {flag!r}")
     if state_layout not in ("kv", "vk"):
         _fail("state_layout", f"must be 'kv' or 'vk', got {state_layout!r}")
+    chunk_states_size, chunk_states_dtype = check_chunk_states(chunk_states_size,
+                                                               chunk_states_dtype)  # fmt: skip
 
     n_seqs = _check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, device)
     varlen = n_seqs is not None
@@ -334,6 +371,10 @@ def _validate(
         _fail("initial_state_indices", "cannot be combined with output_chunk_states (state "
                                        "pools are served by the recurrent form, chunk states "
                                        "by the chunked one)")  # fmt: skip
+    if pool and (padded_head_dim(K), padded_head_dim(V)) != (K, V):
+        _fail("initial_state_indices", f"a state pool needs kernel head dims {HEAD_DIMS} (K={K}, "
+                                       f"V={V} would run zero-padded, on a copy of the pool: "
+                                       "not in place)")  # fmt: skip
     if pool and initial_state is None:
         _fail("initial_state", "the state pool [P, HV, K, V] is required with "
                                "initial_state_indices")  # fmt: skip
@@ -355,6 +396,8 @@ def _validate(
         state_layout=state_layout, output_chunk_states=output_chunk_states,
         varlen=varlen, num_seqs=n_seqs, max_seqlen=max_seqlen, state_pool=pool,
     )  # fmt: skip
+    if output_chunk_states:  # else the defaults: one problem, whatever they were
+        fields |= dict(chunk_states_size=chunk_states_size, chunk_states_dtype=chunk_states_dtype)
     return Checked(float(scale), A_log_view, dt_bias_view, fields)
 
 
@@ -373,16 +416,18 @@ def _check_device(q) -> None:
 
 
 def _prepare(
-    q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound, cu_seqlens,
-    cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm, use_beta_sigmoid,
-    state_layout, output_chunk_states, max_seqlen=None, initial_state_indices=None,
+    q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+    gate_lower_bound=None, cu_seqlens=None, cu_seqlens_cpu=None, A_log=None, dt_bias=None,
+    gate_activation="none", use_qk_l2norm=False, use_beta_sigmoid=False, state_layout="kv",
+    output_chunk_states=False, max_seqlen=None, chunk_states_size=64,
+    chunk_states_dtype=torch.float32, initial_state_indices=None,
     initial_state_indices_cpu=None,
 ):  # fmt: skip
     checked = _validate(
         q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound,
         cu_seqlens, cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm,
         use_beta_sigmoid, state_layout, output_chunk_states, max_seqlen, initial_state_indices,
-        initial_state_indices_cpu,
+        initial_state_indices_cpu, chunk_states_size, chunk_states_dtype,
     )  # fmt: skip
     _check_device(q)
     cu_host, cu_dev = _offsets(cu_seqlens, cu_seqlens_cpu, int(q.shape[1]), q.device)
@@ -414,6 +459,10 @@ def make_call(checked: Checked, q, k, v, g, beta, *, initial_state, output_final
             A_log = torch.zeros(HV, dtype=torch.float32, device=q.device)
         if dt_bias is None:
             dt_bias = torch.zeros(HV * K, dtype=torch.float32, device=q.device)
+    problem = checked.problem()
+    q, k, v, g, beta, A_log, dt_bias, initial_state = _kernel_inputs(
+        problem, q, k, v, g, beta, A_log, dt_bias, initial_state
+    )
     return launch.Call(
         q=q, k=k, v=v, g=g, beta=beta, scale=checked.scale, A_log=A_log, dt_bias=dt_bias,
         lower_bound=float(fields["gate_lower_bound"] or 0.0),
@@ -422,6 +471,8 @@ def make_call(checked: Checked, q, k, v, g, beta, *, initial_state, output_final
         output_final_state=output_final_state, output_chunk_states=output_chunk_states,
         state_layout=state_layout, cu_seqlens=cu_dev, cu_seqlens_host=cu_host,
         state_indices=state_indices,
+        chunk_states_size=problem.chunk_states_size,
+        chunk_states_dtype=_CHUNK_STATE_DTYPES_BY_NAME[problem.chunk_states_dtype],
     )  # fmt: skip
 
 
@@ -477,6 +528,85 @@ def _pool_slots(indices, indices_cpu, pool):
     return indices if indices.dtype == torch.int64 else indices.to(torch.int64)
 
 
+# --- head dims the kernels lack: zero padding ----------------------------------------------------
+# Any K, V in 1..MAX_HEAD_DIM runs at Kp, Vp = specs.padded_head_dim(K, V) on zero-padded copies
+# of the inputs, and the caller gets the padded run's outputs sliced back. This is exact: the
+# real entries are bit for bit those of a run on the padded inputs, and that run computes the
+# real problem, because every term a padded column adds is an exact zero.
+# - q, k get zero columns K..Kp, v zero columns V..Vp; g gets log-decay 0 on the padded K
+#   columns and, with a gate activation, dt_bias gets -inf there, so the activated gate is
+#   -0.0 (softplus(-inf) = 0, sigmoid(-inf) = 0). Every decay factor on a padded column is
+#   then exp(0) = 1: finite, so no 0 * inf can arise (an A_log of -inf would give 0 * -inf =
+#   NaN there: NaN outputs, contained as any non-finite input is, never a wrong value).
+# - Every product with a padded column is an exact zero times a finite number, exactly 0 in
+#   fp32 (and as tf32 or bf16 operands), and x + 0 == x exactly: each sum over K or V (the
+#   dots, the L2 norm's sum of squares) is the sum of its real terms.
+# - The state's padded K rows start at exactly 0 (the padded initial state) and each step
+#   multiplies them by a decay of 1 and adds k_pad = 0 times a row: they stay 0, so W S and
+#   Q S read nothing from them. Its padded V columns see u = 0 and stay 0; o is 0 there.
+# - The default scale is the real K's (K ** -0.5), not Kp's (``_validate``).
+# Cost: one copy of q, k, v, g (dt_bias, the initial state) into padded buffers, a copy of o
+# and the states out of them, and the kernels' work at Kp, Vp (K = 100 runs at 128: 1.28x the
+# state; K = 12 at 32).
+# tests/interpreter/test_kda_head_dims.py: padded runs equal runs on hand-padded inputs bit for
+# bit, the padded state stays zero, and both match the float64 oracles at the real dims.
+
+
+def _padded_copy(x: torch.Tensor, shape, fill: float = 0.0) -> torch.Tensor:
+    """``x`` in the leading corner of a new contiguous ``shape`` tensor filled with ``fill``."""
+    out = x.new_full(shape, fill)
+    out[tuple(slice(0, n) for n in x.shape)].copy_(x)
+    return out
+
+
+def _kernel_inputs(problem: LinearAttentionProblem, q, k, v, g, beta, A_log, dt_bias,
+                   initial_state):  # fmt: skip
+    """The inputs as the kernels read them: at the kernels' head dims and contiguous, with at
+    most one copy each (none for an input that already is).
+
+    The kernels take no strides: they index tokens and heads by strides derived from the
+    shapes (H * K per token, ...), which the compiled divisibility and vector widths rest on,
+    and every kernel signature (and golden) would change to take them. So a non-contiguous
+    input (q, k, v sliced from one projection, a transposed state) costs one copy to a
+    contiguous buffer; where the head dim is padded, the padding copy is that copy."""
+    K, V = problem.head_dim_k, problem.head_dim_v
+    Kp, Vp = padded_head_dim(K), padded_head_dim(V)
+    if (Kp, Vp) != (K, V):
+        q, k, v, g, dt_bias, initial_state = _pad_inputs(problem, q, k, v, g, dt_bias,
+                                                         initial_state)  # fmt: skip
+    return tuple(
+        None if x is None else x.contiguous()  # a no-op where x already is
+        for x in (q, k, v, g, beta, A_log, dt_bias, initial_state)
+    )
+
+
+def _pad_inputs(problem: LinearAttentionProblem, q, k, v, g, dt_bias, initial_state):
+    """Copies of the inputs at the kernels' head dims (the note above)."""
+    K, V = problem.head_dim_k, problem.head_dim_v
+    Kp, Vp = padded_head_dim(K), padded_head_dim(V)
+    lead = tuple(q.shape[:3])
+    q, k = _padded_copy(q, (*lead, Kp)), _padded_copy(k, (*lead, Kp))
+    v, g = _padded_copy(v, (*v.shape[:3], Vp)), _padded_copy(g, (*g.shape[:3], Kp))
+    if dt_bias is not None:  # -inf: the activated gate of a padded column is -0.0 (above)
+        HV = problem.heads_v
+        dt_bias = _padded_copy(dt_bias.reshape(HV, K), (HV, Kp), float("-inf")).view(HV * Kp)
+    if initial_state is not None:
+        tail = (Kp, Vp) if problem.state_layout == "kv" else (Vp, Kp)
+        initial_state = _padded_copy(initial_state, (*initial_state.shape[:2], *tail))
+    return q, k, v, g, dt_bias, initial_state
+
+
+def _unpad(x: torch.Tensor | None, problem: LinearAttentionProblem, layout: str):
+    """An output at the caller's head dims: ``layout`` "o" ([.., V]), or a state layout."""
+    K, V = problem.head_dim_k, problem.head_dim_v
+    if x is None or (padded_head_dim(K), padded_head_dim(V)) == (K, V):
+        return x
+    if layout == "o":
+        return x[..., :V].contiguous()
+    rows, cols = (K, V) if layout == "kv" else (V, K)
+    return x[..., :rows, :cols].contiguous()
+
+
 def _gate_param(name, x, shape, also, also_text, device):
     """``x`` (fp32, on q's device) viewed as ``shape``, the layout the kernels read; ``also(s)``
     accepts the other shapes holding the same elements in the same order. None stays None (the
@@ -489,7 +619,7 @@ def _gate_param(name, x, shape, also, also_text, device):
     if got != shape and not also(got):
         _fail(name, f"expected shape {shape}{also_text}, got {got}")
     _check_tensor(name, x, got, (torch.float32,), device)
-    return x.view(shape)
+    return x.reshape(shape)  # a view where the strides allow (``_kernel_inputs`` copies if not)
 
 
 def _check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, device):
@@ -516,6 +646,20 @@ def _check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, device):
         _fail("cu_seqlens_cpu", f"shape {tuple(cu_seqlens_cpu.shape)} differs from cu_seqlens "
                                 f"{tuple(cu_seqlens.shape)}")  # fmt: skip
     return cu_seqlens.shape[0] - 1
+
+
+def check_chunk_states(size, dtype) -> tuple[int, str]:
+    """``chunk_states_size`` and ``chunk_states_dtype`` checked: (size, dtype name)."""
+    if isinstance(size, (bool, np.bool_)) or not isinstance(size, numbers.Integral):
+        _fail("chunk_states_size", f"must be a positive int, got {size!r}")
+    size = int(size)
+    if size < 1 or size % _CHUNK_STATES_QUANTUM:
+        _fail("chunk_states_size", f"must be a positive multiple of {_CHUNK_STATES_QUANTUM} (the "
+              f"smallest kernel chunk; 64 and its multiples suit every spec), got {size}")  # fmt: skip
+    if not isinstance(dtype, torch.dtype) or dtype not in _DTYPES:
+        _fail("chunk_states_dtype", f"must be torch.float32, torch.bfloat16 or torch.float16, "
+                                    f"got {dtype!r}")  # fmt: skip
+    return size, _DTYPES[dtype]
 
 
 def _check_max_seqlen(max_seqlen, T, varlen):
@@ -564,7 +708,8 @@ def _offsets(cu_seqlens, cu_seqlens_cpu, T, device):
     if cu_seqlens is None:
         return None, None
     given = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens.cpu()
-    host = given.to(torch.int64)  # int32 (vLLM) or int64; a no-op for an int64 CPU tensor
+    # int32 (vLLM) or int64, any stride; a no-op for a contiguous int64 CPU tensor
+    host = given.to(torch.int64).contiguous()
     if int(host[0]) != 0:
         _fail("cu_seqlens", f"must start at 0, starts at {int(host[0])}")
     if bool((host[1:] < host[:-1]).any()):

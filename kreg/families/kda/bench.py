@@ -53,8 +53,9 @@ kreg bench --list                             # the cases and implementations (n
 ```
 
 (`--cases SUBSTR...` and `--impls NAME...` select cases and implementations by substring.)
-For the peer, install fla-core 0.6.0 (`pip install fla-core==0.6.0`, or the wheel in `.whl/`);
-without it the peer rows are skipped with a note.
+For the peer, install fla-core 0.6.0 (`pip install fla-core==0.6.0`; `scripts/gpu_lane.sh` also
+installs a wheel from an untracked `.whl/` folder where one is present); without it the peer rows
+are skipped with a note.
 
 **Like with like.** A promise about the gates buys speed on both sides, so every kreg row is
 measured against the fla-core call that makes the same promise, on the same inputs (whose

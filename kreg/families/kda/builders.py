@@ -44,7 +44,8 @@ def _tiles(dtype: str) -> dict[str, str]:
 
 
 def _states(spec: KdaScanSpec) -> dict[str, str]:
-    return {"o": f"*{spec.dtype}", "h0": f"*{spec.state_dtype}", "ht": "*fp32", "hs": "*fp32"}
+    return {"o": f"*{spec.dtype}", "h0": f"*{spec.state_dtype}", "ht": "*fp32",
+            "hs": f"*{spec.chunk_states_dtype}", "hs_seq": "*i32"}  # fmt: skip
 
 
 def _launch_values(signature: dict, *parts: dict) -> dict:
@@ -65,7 +66,7 @@ def _scan_constexprs(spec: KdaScanSpec, block_v: int) -> dict:
     return dict(
         BV=block_v, USE_H0=spec.initial_state, STORE_HT=spec.output_final_state,
         STORE_HS=spec.output_chunk_states, STATE_VK=spec.state_layout == "vk",
-        VARLEN=spec.varlen,
+        VARLEN=spec.varlen, HS_EVERY=spec.chunk_states_every,
     )  # fmt: skip
 
 

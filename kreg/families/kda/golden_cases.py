@@ -35,7 +35,9 @@ def _fused(d, chunk, *, warps=4, tile=None, scan=None, **shape):
 
 
 _STATES = dict(initial_state=True, state_dtype="bf16", output_final_state=True)
-_CHUNK_STATES_VK = dict(output_chunk_states=True, state_layout="vk")
+# chunk states every 64 tokens (the default): every 2nd chunk at chunk 32, bf16 here; the fused
+# case below stores every 4th chunk's (chunk 16) of varlen sequences, through the row table
+_CHUNK_STATES_VK = dict(output_chunk_states=True, state_layout="vk", chunk_states_dtype="bf16")
 _ALL_SCAN = dict(initial_state=True, output_final_state=True, **_CHUNK_STATES_VK)
 
 CASES = (

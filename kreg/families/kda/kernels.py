@@ -408,7 +408,7 @@ def _seq_chunks(seq, T, seq_chunk, cu_seqlens, C: tl.constexpr, VARLEN: tl.const
 def _recurrence(
     q, k, v, g, beta, alog, dtb,
     w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
-    o, h0, ht, hs,
+    o, h0, ht, hs, hs_seq,
     seq_chunk, cu_seqlens,
     T, H, HV, scale, lower_bound,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr, BV: tl.constexpr,
@@ -417,12 +417,16 @@ def _recurrence(
     STORE_HS: tl.constexpr, STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
     FUSED: tl.constexpr, TILE_DT: tl.constexpr, SEG: tl.constexpr = 0, NSEG=1,
     ABLATE_SCAN: tl.constexpr = False, ANCHOR: tl.constexpr = ANCHOR_SAFE,
+    HS_EVERY: tl.constexpr = 1,
 ):  # fmt: skip
     """The serial recurrence of one (sequence, value head, V block): tiles loaded (split) or
     computed on chip (fused, where BV == V), then the shared ``_scan_step``.
 
     With ``SEG`` > 0 the program runs one segment of SEG chunks (grid axis 2), starting from the
     state the combine kernel wrote to ``h0`` ([N, NSEG, HV, K, V] fp32).
+    ``STORE_HS`` stores the state at the start of every ``HS_EVERY``-th chunk of the sequence,
+    in ``hs``'s dtype; with varlen and ``HS_EVERY`` > 1, ``hs_seq`` [N + 1] holds each
+    sequence's first row of ``hs``.
     """
     pid_v = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -431,6 +435,13 @@ def _recurrence(
     h = hv // (HV // H)
     v0 = pid_v * BV
     c0, c1, tok_start, tok_end = _seq_chunks(seq, T, seq_chunk, cu_seqlens, C, VARLEN)
+    seq_c0 = c0  # the sequence's first chunk (c0 moves to the segment's with SEG)
+    hs0 = c0  # the sequence's first chunk state
+    if HS_EVERY > 1:
+        if VARLEN:
+            hs0 = tl.load(hs_seq + seq)
+        else:
+            hs0 = seq * tl.cdiv(c1 - c0, HS_EVERY)
     last = True
     if SEG > 0:  # this program's segment; its start state comes from the combine kernel
         seg = tl.program_id(2)
@@ -448,7 +459,13 @@ def _recurrence(
     vcols = v0 + tl.arange(0, BV)
     for c in tl.range(c0, c1):
         if STORE_HS:
-            tl.store(_state_ptrs(hs, c * HV + hv, K, V, BV, v0, STATE_VK), s)
+            if HS_EVERY == 1:
+                tl.store(_state_ptrs(hs, c * HV + hv, K, V, BV, v0, STATE_VK),
+                         s.to(hs.dtype.element_ty))  # fmt: skip
+            else:
+                idx = hs0 + (c - seq_c0) // HS_EVERY
+                tl.store(_state_ptrs(hs, idx * HV + hv, K, V, BV, v0, STATE_VK),
+                         s.to(hs.dtype.element_ty), mask=(c - seq_c0) % HS_EVERY == 0)  # fmt: skip
         tok0 = tok_start + (c - c0) * C
         n = tl.minimum(tok_end - tok0, C)
         if FUSED:
@@ -600,27 +617,29 @@ def _prep_chunk(
 @triton.jit
 def kda_chunk_scan_kernel(
     w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
-    o, h0, ht, hs,
+    o, h0, ht, hs, hs_seq,
     seq_chunk, cu_seqlens,
     T, HV, NSEG,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HS: tl.constexpr,
     STATE_VK: tl.constexpr, VARLEN: tl.constexpr, SEG: tl.constexpr,
+    HS_EVERY: tl.constexpr = 1,
 ):  # fmt: skip
     """Split path, second kernel: the recurrence over stored tiles (one segment of it when
     SEG > 0, h0 then holding the segments' start states)."""
     _recurrence(
         None, None, None, None, None, None, None,
-        w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, o, h0, ht, hs, seq_chunk, cu_seqlens,
+        w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, o, h0, ht, hs, hs_seq, seq_chunk, cu_seqlens,
         T, 1, HV, 1.0, 0.0, K, V, C, C, BV, 0, False, False, "ieee",
         USE_H0, STORE_HT, STORE_HS, STATE_VK, VARLEN, False, w_t.dtype.element_ty, SEG, NSEG,
+        HS_EVERY=HS_EVERY,
     )  # fmt: skip
 
 
 @triton.jit
 def kda_chunk_fused_kernel(
     q, k, v, g, beta, alog, dtb,
-    o, h0, ht, hs,
+    o, h0, ht, hs, hs_seq,
     seq_chunk, cu_seqlens,
     T, H, HV, scale, lower_bound,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr, BV: tl.constexpr,
@@ -628,6 +647,7 @@ def kda_chunk_fused_kernel(
     FP32_DOT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
     STORE_HS: tl.constexpr, STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
     ABLATE_SCAN: tl.constexpr = False, ANCHOR: tl.constexpr = ANCHOR_SAFE,
+    HS_EVERY: tl.constexpr = 1,
 ):  # fmt: skip
     """Fused path: tiles computed on chip, chunk after chunk, inside the recurrence.
 
@@ -635,10 +655,10 @@ def kda_chunk_fused_kernel(
     every tile into the output, timing the tile phase alone."""
     _recurrence(
         q, k, v, g, beta, alog, dtb,
-        None, None, None, None, None, None, o, h0, ht, hs, seq_chunk, cu_seqlens,
+        None, None, None, None, None, None, o, h0, ht, hs, hs_seq, seq_chunk, cu_seqlens,
         T, H, HV, scale, lower_bound, K, V, C, BS, BV, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
         USE_H0, STORE_HT, STORE_HS, STATE_VK, VARLEN, True, q.dtype.element_ty, 0, 1,
-        ABLATE_SCAN, ANCHOR,
+        ABLATE_SCAN, ANCHOR, HS_EVERY,
     )  # fmt: skip
 
 

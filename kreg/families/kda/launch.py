@@ -53,6 +53,9 @@ class Call:
     cu_seqlens_host: torch.Tensor | None = None  # the validated CPU offsets, int64
     # int64 [N] slots of a state pool (``initial_state`` is then the pool [P, HV, K, V]), or None
     state_indices: torch.Tensor | None = None
+    # with output_chunk_states: a state every chunk_states_size tokens, in this dtype
+    chunk_states_size: int = 64
+    chunk_states_dtype: torch.dtype = torch.float32
 
 
 def chunk_tables(call: Call, chunk: int):
@@ -74,7 +77,28 @@ def chunk_tables(call: Call, chunk: int):
     return seq_chunk, chunk_seq, nc_max
 
 
-def _outputs(call: Call, n_chunks: int):
+def chunk_state_rows(call: Call) -> int:
+    """Rows of the chunk-state buffer: one per ``chunk_states_size`` tokens of each sequence,
+    for varlen the most the packed length allows (no host sync: each sequence adds at most one
+    part chunk), of which ``api`` returns the ones written."""
+    B, T = call.q.shape[:2]
+    per = triton.cdiv(T, call.chunk_states_size)
+    return B * per if call.cu_seqlens is None else per + call.cu_seqlens.numel() - 2
+
+
+def _chunk_state_table(call: Call, spec) -> torch.Tensor | None:
+    """hs_seq [N + 1] int32: each sequence's first chunk-state row, built on the device (no
+    sync), where the kernels need it (varlen, a state every few chunks); else None."""
+    if call.cu_seqlens is None or not call.output_chunk_states or spec.chunk_states_every == 1:
+        return None
+    cu = call.cu_seqlens
+    size = call.chunk_states_size
+    table = torch.zeros(cu.numel(), dtype=torch.int32, device=cu.device)
+    table[1:] = torch.cumsum(torch.div(cu[1:] - cu[:-1] + size - 1, size, rounding_mode="floor"), 0)
+    return table
+
+
+def _outputs(call: Call):
     B, T, HV = call.v.shape[:3]
     K, V = call.k.shape[-1], call.v.shape[-1]
     n_states = B if call.cu_seqlens is None else call.cu_seqlens.numel() - 1
@@ -83,8 +107,8 @@ def _outputs(call: Call, n_chunks: int):
     o = torch.empty_like(call.v)
     ht = torch.empty((n_states, HV, *shape), dtype=torch.float32, device=dev) \
         if call.output_final_state else None  # fmt: skip
-    hs = torch.empty((n_chunks, HV, *shape), dtype=torch.float32, device=dev) \
-        if call.output_chunk_states else None  # fmt: skip
+    hs = torch.empty((chunk_state_rows(call), HV, *shape), dtype=call.chunk_states_dtype,
+                     device=dev) if call.output_chunk_states else None  # fmt: skip
     return o, ht, hs
 
 
@@ -141,10 +165,10 @@ def run_prep(call: Call, tile, tables):
 def run_scan(call: Call, tile, scan, tables, tiles, seg_map=None):
     """The scan (and, with segments, its map and combine kernels) over stored tiles;
     ``seg_map``: the segments' maps where already computed (``segment_maps``)."""
-    seq_chunk, _, nc = tables
+    seq_chunk = tables[0]
     HV, V, T = call.v.shape[2], call.v.shape[-1], call.q.shape[1]
     n_states = _n_states(call)
-    o, ht, hs = _outputs(call, nc)
+    o, ht, hs = _outputs(call)
     h0, seg = call.initial_state, scan.segment_chunks
     scalars = scan_scalars(T, HV, tile.chunk, seg)  # NSEG is 1 without segments
     if seg:
@@ -153,7 +177,8 @@ def run_scan(call: Call, tile, scan, tables, tiles, seg_map=None):
         h0 = segment_starts(call, seg_map, scan, seq_chunk, n_states, tile.fp32_dot)
     _launch(
         scan_launch(scan), (V // scan.block_v, n_states * HV, scalars["NSEG"]),
-        *tiles, o, h0, ht, hs, seq_chunk, call.cu_seqlens, **scalars,
+        *tiles, o, h0, ht, hs, _chunk_state_table(call, scan), seq_chunk, call.cu_seqlens,
+        **scalars,
     )  # fmt: skip
     return o, ht, hs
 
@@ -192,14 +217,14 @@ def segment_starts(call: Call, seg_map, scan, seq_chunk, n_states: int, fp32_dot
 def run_fused(call: Call, spec):
     """The fused kernel alone. Returns (o, final_state, chunk_states)."""
     tile = spec.tile
-    seq_chunk, _, nc = chunk_tables(call, tile.chunk)
+    seq_chunk = chunk_tables(call, tile.chunk)[0]
     HV = call.v.shape[2]
-    o, ht, hs = _outputs(call, nc)
+    o, ht, hs = _outputs(call)
     n_states = _n_states(call)
     _launch(
         fused_launch(spec), (1, n_states * HV),
-        *_inputs(call), o, call.initial_state, ht, hs, seq_chunk, call.cu_seqlens,
-        **_scalars(call),
+        *_inputs(call), o, call.initial_state, ht, hs, _chunk_state_table(call, spec.scan),
+        seq_chunk, call.cu_seqlens, **_scalars(call),
     )  # fmt: skip
     return o, ht, hs
 

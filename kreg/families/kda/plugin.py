@@ -41,6 +41,9 @@ def accepts(problem: LinearAttentionProblem) -> Verdict:
         (not problem.state_pool,
          "state_pool: the chunked kernels read [N, HV, K, V] states; pools (initial_state_indices) "
          "are served by kda.recurrent"),
+        (max(problem.head_dim_k, problem.head_dim_v) <= specs.MAX_HEAD_DIM,
+         f"head dims K={problem.head_dim_k}, V={problem.head_dim_v}: at most "
+         f"{specs.MAX_HEAD_DIM} (smaller ones run zero-padded to {specs.HEAD_DIMS})"),
     )  # fmt: skip
 
 
@@ -70,7 +73,7 @@ def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target
     scan = spec.scan
     chunk, n = spec.tile.chunk, problem.num_seqs
     chunks = -(-problem.longest_seq // chunk)
-    per_seg = problem.heads_v * (problem.head_dim_v // scan.block_v)  # programs per segment
+    per_seg = problem.heads_v * (scan.head_dim_v // scan.block_v)  # programs per segment
     segments = n
     steps = chunks
     if scan.segment_chunks:
@@ -80,7 +83,7 @@ def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target
         segments = min(n * n_seg, -(-all_chunks // scan.segment_chunks) + n)
     programs = segments * per_seg
     waves = -(-programs // (2 * target.compute_units))
-    width = scan.block_v / problem.head_dim_v
+    width = scan.block_v / scan.head_dim_v  # the padded V the kernels run
     # the safe anchor runs the block anchor's code on gates within its span: the same cost
     units = waves * steps * (1.0 + width) + 0.01 * spec.tile.num_warps
     fixup_us = recurrent.LAUNCH_US if spec.tile.anchor == "safe" else 0.0  # the fixup kernel

@@ -74,7 +74,8 @@ def tile_absent(tile) -> dict:
 
 def scan_absent(scan, *, h0_is_segment_starts: bool) -> dict:
     """Scan-side pointers: h0 without an initial state (unless it holds the segments' start
-    states), ht / hs when not stored, the sequence tables without varlen."""
+    states), ht / hs when not stored, the sequence tables without varlen, hs_seq unless
+    varlen chunk states are subsampled."""
     out = {} if scan.varlen else dict.fromkeys(("seq_chunk", "cu_seqlens"))
     if not (scan.initial_state or h0_is_segment_starts):
         out["h0"] = None
@@ -82,4 +83,6 @@ def scan_absent(scan, *, h0_is_segment_starts: bool) -> dict:
         out["ht"] = None
     if not scan.output_chunk_states:
         out["hs"] = None
+    if not (scan.output_chunk_states and scan.varlen and scan.chunk_states_every > 1):
+        out["hs_seq"] = None  # only varlen subsampled chunk states need the row table
     return out

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import attrs
 
+from kreg.problems.linear_attention import CHUNK_STATE_DTYPES
 from kreg.registry.model import Target, Verdict
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # fp32 exp overflows past 88.72 nats; the kernels keep a margin below it.
 MAX_ANCHOR_NATS = 85.0
-HEAD_DIMS = (32, 64, 128, 256)
+HEAD_DIMS = (32, 64, 128, 256)  # the kernels' head dims; any K, V <= 256 is padded up to one
+MAX_HEAD_DIM = HEAD_DIMS[-1]
 CHUNKS = (16, 32, 64)
 SOLVE_BLOCKS = (16, 32)
 ANCHORS = ("safe", "block")  # the default first
@@ -32,6 +34,15 @@ TILE_SHAPES = {
 SCAN_PIPELINES_BY_BACKEND = {"cuda": ((4, 2), (4, 3), (2, 2), (2, 3)), "hip": ((4, 1),)}
 SEGMENT_CHUNKS = (0, 16, 64)
 FP32_DOT_BY_BACKEND = {"cuda": ("tf32", "tf32x3", "ieee"), "hip": ("ieee",)}
+
+
+def padded_head_dim(d: int) -> int:
+    """The kernel head dim a problem head dim ``d`` (1..MAX_HEAD_DIM) runs at: the smallest of
+    ``HEAD_DIMS`` >= d (``api._pad_inputs`` zero-pads the inputs to it, exactly: see the note there)."""
+    for size in HEAD_DIMS:
+        if d <= size:
+            return size
+    raise ValueError(f"head dim {d} > {MAX_HEAD_DIM}, the largest the kernels serve")
 
 
 def _pow2(n: int) -> bool:
@@ -92,8 +103,17 @@ class KdaScanSpec:
     state_dtype: str = "fp32"
     output_final_state: bool = False
     output_chunk_states: bool = False
+    # with output_chunk_states: the state every chunk_states_size tokens of each sequence (a
+    # multiple of chunk: every chunk_states_every-th chunk's start), stored in this dtype
+    chunk_states_size: int = 64
+    chunk_states_dtype: str = "fp32"
     state_layout: str = "kv"
     varlen: bool = False
+
+    @property
+    def chunk_states_every(self) -> int:
+        """Chunks per stored chunk state (1 when none are stored)."""
+        return self.chunk_states_size // self.chunk if self.output_chunk_states else 1
 
     def shared_bytes_estimate(self) -> int:
         return _scan_phase_bytes(self, self.block_v, self.num_stages)
@@ -281,6 +301,11 @@ def is_valid_scan_spec(spec: KdaScanSpec, target: Target, problem=None) -> Verdi
         (spec.min_occupancy >= 1, f"min_occupancy={spec.min_occupancy} must be >= 1"),
         (spec.state_layout in ("kv", "vk"), f"state_layout={spec.state_layout!r} not kv or vk"),
         (spec.state_dtype in ("fp32", "bf16"), f"state_dtype={spec.state_dtype!r} not fp32/bf16"),
+        (spec.chunk_states_dtype in CHUNK_STATE_DTYPES,
+         f"chunk_states_dtype={spec.chunk_states_dtype!r} not in {CHUNK_STATE_DTYPES}"),
+        (not spec.output_chunk_states
+         or (spec.chunk_states_size > 0 and spec.chunk_states_size % spec.chunk == 0),
+         f"chunk_states_size={spec.chunk_states_size} is not a multiple of chunk={spec.chunk}"),
         (spec.segment_chunks >= 0, f"segment_chunks={spec.segment_chunks} must be >= 0"),
         (not spec.segment_chunks
          or spec.combine_shared_bytes_estimate() <= target.shared_mem_per_block,
@@ -362,8 +387,10 @@ def _pairing_rule(t: KdaTileSpec, s: KdaScanSpec) -> Verdict:
 
 
 def _problem_fields(problem) -> tuple[dict, dict]:
+    # the problem's head dims are the caller's; the kernels run at the padded ones
     shape = dict(
-        head_dim_k=problem.head_dim_k, head_dim_v=problem.head_dim_v, dtype=problem.dtype,
+        head_dim_k=padded_head_dim(problem.head_dim_k),
+        head_dim_v=padded_head_dim(problem.head_dim_v), dtype=problem.dtype,
         varlen=problem.varlen,
     )  # fmt: skip
     tile = dict(
@@ -374,14 +401,19 @@ def _problem_fields(problem) -> tuple[dict, dict]:
         initial_state=problem.initial_state, state_dtype=problem.state_dtype,
         output_final_state=problem.output_final_state,
         output_chunk_states=problem.output_chunk_states, state_layout=problem.state_layout,
+        chunk_states_size=problem.chunk_states_size,
+        chunk_states_dtype=problem.chunk_states_dtype,
     )  # fmt: skip
     return {**shape, **tile}, {**shape, **scan}
 
 
 def _matches(spec, problem) -> bool:
-    """Enumerations vary the head dim as K = V; a problem with K != V takes the specs of its K,
-    with V filled in (the rules then check V and the V blocks against it)."""
-    return spec.head_dim_k == problem.head_dim_k
+    """Enumerations vary the head dim as K = V; a problem with K != V takes the specs of its
+    (padded) K, with the padded V filled in (the rules then check V and the V blocks against
+    it). A head dim past MAX_HEAD_DIM matches nothing (``plugin.accepts`` says why)."""
+    if max(problem.head_dim_k, problem.head_dim_v) > MAX_HEAD_DIM:
+        return False
+    return spec.head_dim_k == padded_head_dim(problem.head_dim_k)
 
 
 def anchor_for(solve_block: int, lower_bound: float | None) -> str:

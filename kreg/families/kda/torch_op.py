@@ -13,8 +13,8 @@ A custom op has a fixed schema and cannot return ``None``, so the raw op
 * ``final_state``: fp32 ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_layout="vk"``), N = B,
   or ``cu_seqlens.numel() - 1`` with varlen. **Not requested** (``output_final_state=False``):
   a zero-row fp32 tensor ``[0, HV, K, V]`` (``[0, HV, V, K]``), same rank and trailing dims;
-* ``chunk_states``: fp32 ``[B * ceil(T / chunk), HV, K, V]`` (chunk: the selected spec's);
-  not requested: a zero-row fp32 tensor of the same trailing shape.
+* ``chunk_states``: ``[B * ceil(T / chunk_states_size), HV, K, V]`` in ``chunk_states_dtype``
+  (shapes alone decide it); not requested: a zero-row fp32 tensor of the same trailing shape.
 
 ``kda_prefill_op`` turns the zero-row placeholders back into ``None`` / drops them (the flags are
 Python constants, so this stays inside a ``fullgraph`` trace) and returns exactly what
@@ -23,8 +23,9 @@ Python constants, so this stays inside a ``fullgraph`` trace) and returns exactl
 Schema types (custom ops cannot take keyword-only tensors, so every argument of the raw op is
 positional-or-keyword, in ``kda_prefill``'s order): optional tensors are ``Tensor?``; ``scale``
 and ``gate_lower_bound`` are ``float?``; ``target`` is ``str?`` (a registered target name; the wrapper also takes a ``Target`` and passes
-its name); ``max_seqlen`` (last, so positional calls made before it existed still bind) is
-``SymInt?``. Every check that reads no tensor's values (types, shapes, dtypes, devices, flags)
+its name); ``max_seqlen`` (after the older arguments, so positional calls made before it
+existed still bind) is ``SymInt?``, then ``chunk_states_size`` (``SymInt``) and
+``chunk_states_dtype`` (``ScalarType?``, None meaning fp32). Every check that reads no tensor's values (types, shapes, dtypes, devices, flags)
 runs in both the fake and the real implementation, through the one function ``kda_prefill`` uses
 (``api._validate``), so a ``torch.compile`` trace fails with the eager message; value checks (the
 offsets) happen in the real implementation, which calls ``kda_prefill`` (a bad argument raises
@@ -92,6 +93,7 @@ import torch
 from . import api
 
 OP_NAME = "kreg::kda_prefill"
+FP32 = torch.float32
 
 _OPTIONAL_TENSORS = ("initial_state", "cu_seqlens", "cu_seqlens_cpu", "A_log", "dt_bias")
 _BOOLS = ("output_final_state", "use_qk_l2norm", "use_beta_sigmoid", "output_chunk_states",
@@ -129,7 +131,7 @@ def _absent(v: torch.Tensor, tail) -> torch.Tensor:
 def _problem_from_shapes(
     q, v, initial_state, output_final_state, gate_lower_bound, cu_seqlens, gate_activation,
     use_qk_l2norm, use_beta_sigmoid, state_layout, output_chunk_states, cu_seqlens_cpu=None,
-    max_seqlen=None,
+    max_seqlen=None, chunk_states_size=64, chunk_states_dtype=FP32,
 ):  # fmt: skip
     """The ``LinearAttentionProblem`` ``api._prepare`` builds for these arguments, from shapes
     and flags (what the dispatcher selects on) and, with varlen, the longest sequence, read as
@@ -164,6 +166,9 @@ def _problem_from_shapes(
         state_layout=state_layout, output_chunk_states=output_chunk_states,
         varlen=varlen, num_seqs=int(cu_seqlens.shape[0]) - 1 if varlen else B,
         max_seqlen=longest,
+        **(dict(zip(("chunk_states_size", "chunk_states_dtype"),
+                    api.check_chunk_states(chunk_states_size, chunk_states_dtype),
+                    strict=True)) if output_chunk_states else {}),
     )  # fmt: skip
 
 
@@ -191,6 +196,8 @@ def _kda_prefill_impl(
     allow_opt_in: bool = False,
     target: str | None = None,
     max_seqlen: int | None = None,
+    chunk_states_size: int = 64,
+    chunk_states_dtype: torch.dtype | None = None,  # None: fp32
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Real implementation: ``kda_prefill`` (which validates everything), outputs padded to the
     op's three-tensor convention (module docstring)."""
@@ -203,6 +210,7 @@ def _kda_prefill_impl(
         use_beta_sigmoid=use_beta_sigmoid, state_layout=state_layout,
         output_chunk_states=output_chunk_states, algorithm=algorithm,
         allow_opt_in=allow_opt_in, target=target, max_seqlen=max_seqlen,
+        chunk_states_size=chunk_states_size, chunk_states_dtype=chunk_states_dtype or FP32,
     )  # fmt: skip
     tail = _state_tail(q, v, state_layout)
     o, ht = out[0], out[1]
@@ -220,7 +228,7 @@ def _kda_prefill_fake(
     gate_lower_bound=-5.0, cu_seqlens=None, cu_seqlens_cpu=None, A_log=None, dt_bias=None,
     gate_activation="none", use_qk_l2norm=False, use_beta_sigmoid=False, state_layout="kv",
     output_chunk_states=False, algorithm="auto", allow_opt_in=False, target=None,
-    max_seqlen=None,
+    max_seqlen=None, chunk_states_size=64, chunk_states_dtype=None,
 ):  # fmt: skip
     """Shapes and dtypes only: reads no tensor values and never synchronises. Runs the same
     data-free validation as ``kda_prefill`` (``api._validate``), so a traced call fails with the
@@ -230,6 +238,7 @@ def _kda_prefill_fake(
         q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound,
         cu_seqlens, cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm,
         use_beta_sigmoid, state_layout, output_chunk_states, max_seqlen,
+        chunk_states_size=chunk_states_size, chunk_states_dtype=chunk_states_dtype or FP32,
     )  # fmt: skip
     tail = _state_tail(q, v, state_layout)
     B, T = q.shape[0], q.shape[1]
@@ -240,20 +249,11 @@ def _kda_prefill_fake(
     else:
         ht = _absent(v, tail)
     if output_chunk_states:  # fixed length only (varlen was rejected above)
-        chunk = _chunk_size(checked.problem(), q, target, algorithm, allow_opt_in)
-        hs = v.new_empty((B * -(-T // chunk), *tail), dtype=torch.float32)
+        size = checked.fields["chunk_states_size"]
+        hs = v.new_empty((B * -(-T // size), *tail), dtype=chunk_states_dtype or FP32)
     else:
         hs = _absent(v, tail)
     return o, ht, hs
-
-
-def _chunk_size(problem, q, target, algorithm, allow_opt_in) -> int:
-    """The chunk size of the spec ``kda_prefill`` would select (data-free, cached)."""
-    from kreg.dispatch import select
-
-    selection = select(problem, target=api._target(q, target), algorithm=algorithm,
-                       allow_opt_in=allow_opt_in, family="kda")  # fmt: skip
-    return selection.spec.tile.chunk
 
 
 def kda_prefill_op(q, k, v, g, beta, **options):
@@ -288,6 +288,8 @@ def kda_prefill_op(q, k, v, g, beta, **options):
     a["scale"] = None if a["scale"] is None else api._real("scale", a["scale"])
     a["gate_lower_bound"] = _number("gate_lower_bound", a["gate_lower_bound"])
     a["max_seqlen"] = _integer("max_seqlen", a["max_seqlen"])
+    a["chunk_states_size"] = api.check_chunk_states(a["chunk_states_size"],
+                                                    a["chunk_states_dtype"])[0]  # fmt: skip
     target = a["target"]
     if target is not None and not isinstance(target, str):
         name = getattr(target, "name", None)
