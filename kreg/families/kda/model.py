@@ -120,7 +120,7 @@ def workspace_bytes(spec, problem) -> int:
         return 0
     from .runtime_args import segment_count
 
-    K, V = problem.head_dim_k, problem.head_dim_v
+    K, V = _kernel_dims(problem)
     n_seg = segment_count(problem.seq_len, spec.tile.chunk, seg)
     return problem.num_seqs * n_seg * problem.heads_v * K * (K + 2 * V) * 4
 
@@ -169,18 +169,25 @@ def features(problem) -> dict[str, float]:
     L = math.log2(problem.longest_seq)
     P = math.log2(n * hv)
     X = math.log2(problem.batch * problem.seq_len * hv)
+    K, V = _kernel_dims(problem)
     return {
         "L": L, "P": P, "X": X, "P_over_7": max(0.0, P - 7.0),
-        "X_over_16": max(0.0, X - 16.0), "k": math.log2(problem.head_dim_k) - 7.0,
-        "v": math.log2(problem.head_dim_v) - 7.0,
+        "X_over_16": max(0.0, X - 16.0), "k": math.log2(K) - 7.0,
+        "v": math.log2(V) - 7.0,
         "prod": 0.0 if problem.gate_activation == "none" else 1.0,
     }  # fmt: skip
+
+
+def _kernel_dims(problem) -> tuple[int, int]:
+    """The head dims the kernels run (a K or V they lack runs zero-padded: api._pad_inputs)."""
+    return kspecs.padded_head_dim(problem.head_dim_k), kspecs.padded_head_dim(problem.head_dim_v)
 
 
 def role_features(problem, spec) -> dict[str, float]:
     """The features of running ``spec`` on ``problem`` (see the module docstring)."""
     from .runtime_args import segment_count
 
+    K, V = _kernel_dims(problem)
     c, bv, seg = spec.tile.chunk, spec.scan.block_v, spec.scan.segment_chunks
     chunks = -(-problem.longest_seq // c)
     if seg:
@@ -191,11 +198,11 @@ def role_features(problem, spec) -> dict[str, float]:
         states = min(launched, -(-tokens // (c * seg)) + problem.num_seqs)  # non-empty ones
     else:
         chain, states = chunks, problem.num_seqs
-    waves = math.log2(problem.head_dim_v // bv * problem.heads_v * states / (2 * SMS))
+    waves = math.log2(V // bv * problem.heads_v * states / (2 * SMS))
     return {
         "chain": math.log2(chain * c), "waves": waves, "waves_over_1": max(0.0, waves),
-        "v_blocks": math.log2(problem.head_dim_v / bv),
-        "scan": math.log2(chain * c) + max(0.0, waves) + math.log2(problem.head_dim_k * bv) - 12,
+        "v_blocks": math.log2(V / bv),
+        "scan": math.log2(chain * c) + max(0.0, waves) + math.log2(K * bv) - 12,
     }  # fmt: skip
 
 
