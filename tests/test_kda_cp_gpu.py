@@ -85,7 +85,7 @@ def test_one_long_sequence_over_four_ranks(simulate):
     # the carried state matters: slices from zeros are far off
     o0 = torch.cat([api.kda_prefill(**{n: t[:, a:b].contiguous() for n, t in x.items()})[0]
                     for a, b in zip(offsets, offsets[1:], strict=False) if b > a], 1)  # fmt: skip
-    assert _rel(o0, ref_o) > 10 * err_o
+    assert _rel(o0, ref_o) > 5 * err_o
     again = simulate(x, offsets, **kw)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(outs, again, strict=True))
     assert torch.equal(outs[-1][1], again[-1][1])

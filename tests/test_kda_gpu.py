@@ -229,7 +229,6 @@ def test_varlen_equals_each_sequence_alone(record_property):
     report(record_property, "varlen_state_rel_rms", eh)
     assert eo <= MAX_REL_RMS and eh <= MAX_REL_RMS, (eo, eh)
     assert torch.equal(ht[2], h0[2])  # the empty sequence passes its state through
-    chunk = sel.spec.tile.chunk
     first = 0
     for n, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
         if a == b:
@@ -242,7 +241,7 @@ def test_varlen_equals_each_sequence_alone(record_property):
         o_n, h_n, hs_n = api.run_selection(sel_n, c_n, p_n)
         assert torch.equal(o[:, a:b], o_n), f"o of sequence {n}"
         assert torch.equal(ht[n], h_n[0]), f"final state of sequence {n}"
-        n_chunks = -(-(b - a) // chunk)
+        n_chunks = -(-(b - a) // problem.chunk_states_size)  # the spacing, not the kernels' chunk
         assert torch.equal(hs[first : first + n_chunks], hs_n), f"chunk states of sequence {n}"
         first += n_chunks
     assert first == hs.shape[0]

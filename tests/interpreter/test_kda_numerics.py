@@ -96,6 +96,11 @@ def run(
     scan = attrs.evolve(sel.spec.scan, chunk=chunk, head_dim_v=V, segment_chunks=segment_chunks,
                         block_v=block_v or min(sel.spec.scan.block_v, V))  # fmt: skip
     spec = attrs.evolve(sel.spec, tile=tile, scan=scan)
+    # the selected pipeline depth may not fit the pinned chunk: the most stages that do
+    for stages in range(spec.scan.num_stages - 1, 0, -1):
+        if sel.candidate.is_valid(spec, sel.target, problem).ok:
+            break
+        spec = attrs.evolve(spec, scan=attrs.evolve(spec.scan, num_stages=stages))
     verdict = sel.candidate.is_valid(spec, sel.target, problem)
     assert verdict.ok, verdict.reasons
     return api.run_selection(attrs.evolve(sel, spec=spec), call, problem)

@@ -419,9 +419,8 @@ def _prepare(
     q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
     gate_lower_bound=None, cu_seqlens=None, cu_seqlens_cpu=None, A_log=None, dt_bias=None,
     gate_activation="none", use_qk_l2norm=False, use_beta_sigmoid=False, state_layout="kv",
-    output_chunk_states=False, max_seqlen=None, chunk_states_size=64,
-    chunk_states_dtype=torch.float32, initial_state_indices=None,
-    initial_state_indices_cpu=None,
+    output_chunk_states=False, max_seqlen=None, initial_state_indices=None,
+    initial_state_indices_cpu=None, chunk_states_size=64, chunk_states_dtype=torch.float32,
 ):  # fmt: skip
     checked = _validate(
         q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound,
