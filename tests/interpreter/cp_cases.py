@@ -76,7 +76,8 @@ def pinned(problem, chunk_seg):
         return sel
     chunk, seg = chunk_seg
     tile = attrs.evolve(sel.spec.tile, chunk=chunk, solve_block=16)
-    scan = attrs.evolve(sel.spec.scan, chunk=chunk, segment_chunks=seg)
+    # one pipeline stage: it only schedules loads, and the selected depth may not fit the chunk
+    scan = attrs.evolve(sel.spec.scan, chunk=chunk, segment_chunks=seg, num_stages=1)
     spec = attrs.evolve(sel.spec, tile=tile, scan=scan)
     verdict = sel.candidate.is_valid(spec, sel.target, problem)
     assert verdict.ok, verdict.reasons

@@ -73,7 +73,9 @@ def run(x: dict, *, chunk: int, solve_block: int, anchor: str, fused=False, **kw
     algorithm = "kda.fused" if fused else "kda.split"
     sel = select(problem, TARGET, algorithm=algorithm, allow_opt_in=True)
     tile = attrs.evolve(sel.spec.tile, chunk=chunk, solve_block=solve_block, anchor=anchor)
-    scan = attrs.evolve(sel.spec.scan, chunk=chunk, block_v=V, segment_chunks=0)
+    # one pipeline stage: stages only schedule the loads, and the selected depth may not fit
+    # the pinned chunk's shared memory
+    scan = attrs.evolve(sel.spec.scan, chunk=chunk, block_v=V, segment_chunks=0, num_stages=1)
     spec = attrs.evolve(sel.spec, tile=tile, scan=scan)
     verdict = sel.candidate.is_valid(spec, sel.target, problem)
     assert verdict.ok, verdict.reasons
