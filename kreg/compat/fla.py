@@ -55,6 +55,16 @@ def _renamed_layout(kwargs: dict, state_v_first):
     return kwargs["transpose_state_layout"]
 
 
+def _in_kernel_gate(lower_bound, A_log) -> tuple[str, float | None]:
+    """fla's ``use_gate_in_kernel=True``: (gate_activation, gate_lower_bound) for kda_prefill.
+    With ``lower_bound`` the sigmoid bound; without, softplus, which needs ``A_log``."""
+    if lower_bound is not None:
+        return "sigmoid_bound", lower_bound
+    if A_log is None:
+        _fail("A_log", "must be provided when use_gate_in_kernel=True and lower_bound is not set")
+    return "softplus", None
+
+
 def chunk_kda(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -157,20 +167,13 @@ def chunk_kda(
     gate_lower_bound = None
     if _flag("use_gate_in_kernel", use_gate_in_kernel):
         A_log, dt_bias = kwargs.get("A_log"), kwargs.get("dt_bias")
-        if A_log is None and lower_bound is None:
-            _fail(
-                "A_log", "must be provided when use_gate_in_kernel=True and lower_bound is not set"
-            )
+        gate_activation, gate_lower_bound = _in_kernel_gate(lower_bound, A_log)
         if _flag("safe_gate", safe_gate):
             if lower_bound is None:
                 _fail("lower_bound", "must be specified when safe_gate=True and "
                                      "use_gate_in_kernel=True")  # fmt: skip
             if not isinstance(lower_bound, (int, float)) or not (-5 <= lower_bound < 0):
                 _fail("lower_bound", f"must be in the safe range [-5, 0), got {lower_bound!r}")
-        if lower_bound is None:
-            gate_activation = "softplus"
-        else:
-            gate_activation, gate_lower_bound = "sigmoid_bound", lower_bound
     else:
         gate_activation = "none"
         if _flag("safe_gate", safe_gate):
@@ -278,13 +281,7 @@ def fused_recurrent_kda(
                       "[B, T, HV]")  # fmt: skip
     gate_activation, gate_lower_bound = "none", None
     if _flag("use_gate_in_kernel", use_gate_in_kernel):
-        if lower_bound is None:
-            if A_log is None:
-                _fail("A_log", "must be provided when use_gate_in_kernel=True and lower_bound "
-                               "is not set")  # fmt: skip
-            gate_activation = "softplus"
-        else:
-            gate_activation, gate_lower_bound = "sigmoid_bound", lower_bound
+        gate_activation, gate_lower_bound = _in_kernel_gate(lower_bound, A_log)
     else:
         A_log = dt_bias = None  # ignored, as fla ignores them
     return _run(

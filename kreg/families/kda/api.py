@@ -435,7 +435,7 @@ def _prepare(
     else:  # the host copy _offsets validated (read anyway): the longest length costs no sync
         problem = checked.problem(max_seqlen=longest_seq(cu_host, checked.fields["max_seqlen"]))
     call = make_call(
-        checked, q, k, v, g, beta, initial_state=initial_state,
+        checked, problem, q, k, v, g, beta, initial_state=initial_state,
         output_final_state=output_final_state, output_chunk_states=output_chunk_states,
         state_layout=state_layout, cu_host=cu_host, cu_dev=cu_dev,
         state_indices=_pool_slots(initial_state_indices, initial_state_indices_cpu,
@@ -444,11 +444,13 @@ def _prepare(
     return problem, call
 
 
-def make_call(checked: Checked, q, k, v, g, beta, *, initial_state, output_final_state,
+def make_call(checked: Checked, problem: LinearAttentionProblem, q, k, v, g, beta, *,
+              initial_state, output_final_state,
               output_chunk_states, state_layout, cu_host, cu_dev,
               state_indices=None) -> launch.Call:  # fmt: skip
     """The launch call of validated tensors (``checked`` is ``_validate``'s result for them, or,
-    context parallel, for the whole call this slice belongs to)."""
+    context parallel, for the whole call this slice belongs to; ``problem`` its problem, or the
+    slice's: its head dims and chunk-state options are the call's)."""
     fields = checked.fields
     A_log, dt_bias = checked.A_log, checked.dt_bias
     if fields["gate_activation"] != "none":
@@ -458,7 +460,6 @@ def make_call(checked: Checked, q, k, v, g, beta, *, initial_state, output_final
             A_log = torch.zeros(HV, dtype=torch.float32, device=q.device)
         if dt_bias is None:
             dt_bias = torch.zeros(HV * K, dtype=torch.float32, device=q.device)
-    problem = checked.problem()
     q, k, v, g, beta, A_log, dt_bias, initial_state = _kernel_inputs(
         problem, q, k, v, g, beta, A_log, dt_bias, initial_state
     )

@@ -250,7 +250,7 @@ def prepare_cp(q, k, v, g, beta, *, group, cp_offsets, scale, initial_state, out
             max_seqlen=max(1, int(lens.max())) if varlen else None,
         )  # fmt: skip
         call = api.make_call(
-            checked, q, k, v, g, beta, initial_state=None, output_final_state=output_final_state,
+            checked, problem, q, k, v, g, beta, initial_state=None, output_final_state=output_final_state,
             output_chunk_states=False, state_layout="kv", cu_host=local_host, cu_dev=local_dev,
         )  # fmt: skip
     return CpCall(plan=plan, group=group, problem=problem, call=call, target=sel_target, v=v,
