@@ -286,6 +286,17 @@ def test_repeated_negative_slots_are_fine_and_a_host_copy_is_checked():
         rec(x, initial_state_indices_cpu=torch.tensor([0, 1]))
 
 
+def test_a_pool_at_a_padded_head_dim_is_refused_not_copied():
+    """K = V = 60 runs zero-padded to 64, on copies: a pool would not be updated in place."""
+    x = numerics.make(B=2, T=1, K=60, V=60, dtype=FP32)
+    pool = numerics.state(3, 1, 60, 60)
+    before = pool.clone()
+    with pytest.raises(ValueError, match=r"^initial_state_indices: a state pool needs kernel "
+                                         r"head dims .*K=60, V=60"):  # fmt: skip
+        rec(x, initial_state=pool, initial_state_indices=torch.tensor([0, 2]))
+    assert_equal(pool, before, "nothing ran")
+
+
 def test_a_pool_is_served_at_any_length():
     """The chunked kernels take no pools: the recurrence serves a long prefill too."""
     x = make(B=1, T=80, dtype=FP32, seed=15)
