@@ -147,7 +147,6 @@ def planted_log2(role: str, f: dict) -> float:
 
 
 def synthetic_sweep(target, noise=0.02, seed=0, truth=planted_log2) -> dict:
-    rng = random.Random(seed)
     shapes = []
     for x in grid.shapes():
         plan = sweep.plan_shape(x, target)
@@ -156,6 +155,9 @@ def synthetic_sweep(target, noise=0.02, seed=0, truth=planted_log2) -> dict:
             f = model.features(plan.problem)
             if roles:
                 f = model.pair_features(plan.problem, spec)
+                # noise drawn per (shape, spec): the same data whatever other rows the plan
+                # holds (the dispatcher's current choice depends on the packaged model)
+                rng = random.Random(f"{seed}/{x.name}/{label}")
                 ms = 2 ** (truth(roles[0], f) + rng.gauss(0, noise))
             else:
                 ms = 2 ** (truth("other", f) + 0.5)  # the current choice, off the pool
