@@ -247,7 +247,7 @@ def run_recurrent(call: Call, spec):
     scalars = recurrent_scalars(T, H, HV, call.initial_state.shape[0] if pool else 1,
                                 call.scale, call.lower_bound)  # fmt: skip
     _launch(
-        recurrent_launch(spec), (n * HV, V // spec.block_v),
+        recurrent_launch(spec), (n * HV * (V // spec.block_v),),
         *_inputs(call), o, call.initial_state, None if pool else ht, call.state_indices,
         call.cu_seqlens, **scalars,
     )  # fmt: skip

@@ -87,7 +87,8 @@ def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target
     # the safe anchor runs the block anchor's code on gates within its span: the same cost
     units = waves * steps * (1.0 + width) + 0.01 * spec.tile.num_warps
     fixup_us = recurrent.LAUNCH_US if spec.tile.anchor == "safe" else 0.0  # the fixup kernel
-    return SPLIT_FIXED_US + fixup_us + SPLIT_UNIT_US * units  # microseconds, as recurrent's
+    # microseconds, as recurrent's, with the same state traffic
+    return SPLIT_FIXED_US + fixup_us + SPLIT_UNIT_US * units + recurrent.state_traffic_us(problem)
 
 
 def fused_cost(spec: specs.KdaChunkFusedSpec, problem: LinearAttentionProblem, target) -> float:

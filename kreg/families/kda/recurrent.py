@@ -25,8 +25,9 @@ WARPS = (1, 2, 4, 8)
 # Software pipelining of the token loop's loads (they never depend on the state). AMD's was never
 # measured: its scan enumerates one stage, here two at most.
 STAGES_BY_BACKEND = {"cuda": (1, 2, 3), "hip": (1, 2)}
-# The [K, block_v] fp32 state lives in registers: at most this share of a thread's registers, the
-# rest for the token's vectors, addresses and the reductions.
+# The [K, block_v] fp32 state lives in registers: at most this share of a thread's registers
+# (rounded up: 128 of sm90's 255, where 128 x 32 at one warp compiles to 219 without spilling),
+# the rest for the token's vectors, addresses and the reductions.
 STATE_REGISTER_SHARE = 0.5
 
 
@@ -69,7 +70,7 @@ def enumerate_recurrent_specs(target: Target) -> list[KdaRecurrentSpec]:
 
 def is_valid_recurrent_spec(spec: KdaRecurrentSpec, target: Target, problem=None) -> Verdict:
     regs = spec.state_registers(target.warp_size)
-    budget = STATE_REGISTER_SHARE * target.max_registers_per_thread
+    budget = math.ceil(STATE_REGISTER_SHARE * target.max_registers_per_thread)
     return Verdict.check(
         (spec.head_dim_k in HEAD_DIMS, f"head_dim_k={spec.head_dim_k} not in supported {HEAD_DIMS}"),
         (spec.head_dim_v in HEAD_DIMS, f"head_dim_v={spec.head_dim_v} not in supported {HEAD_DIMS}"),
@@ -115,22 +116,25 @@ def accepts_recurrent(problem) -> Verdict:
     )  # fmt: skip
 
 
-# --- latency model (microseconds on the H200; the kda-decode benchmark measures it) ------------
-# A chain is one program's serial walk. One token step carries on its chain two passes over the
-# state block (decay, write) and its reduction over K (S^T k), through shared memory once the
-# block spans warps; the loads are off the chain (they never depend on the state).
-TOKEN_STEP_US = 0.25  # a token step of a one-warp program holding a small block
-ELEMENT_US = 0.002  # per state element a thread holds: ~4 dependent fp32 ops at ~1.8 GHz
-CROSS_WARP_US = 0.1  # the reduction's round trip through shared memory (a barrier)
-LAUNCH_US = 4.0  # one kernel node of a CUDA graph, launch to first wave
+# --- latency model (microseconds on the H200) -------------------------------------------------
+# A chain is one program's serial walk; a wave is the programs resident on every SM at once. Per
+# wave, each token step waits on its loads (q, k, v, g, beta: latency, not bandwidth), plus a
+# round trip through shared memory when the state block spans warps; beside the waves, the
+# state's compulsory traffic (read and written once, fp32) at the device's bandwidth. Constants:
+# least squares, relative error, on the fit shapes of ``benchmarks/kda_decode_specs.py`` (27
+# specs x 22 shapes, H200, 2026-12-03, docs/kda/decode/specs.json); on its 21 held-out shapes the
+# cheapest estimate's spec is within 1.00x (median) / 1.05x (worst) of the fastest measured.
+TOKEN_STEP_US = 1.84  # one token step of a wave
+CROSS_WARP_US = 0.88  # the reduction's barrier once the block spans warps
+LAUNCH_US = 5.2  # one kernel node of a CUDA graph, launch to first wave
+STATE_US_PER_MB = 0.235  # ~4.3 TB/s: state bytes read or written
 # The serial chain's own registers beside the state block (vectors, addresses, reductions).
 CHAIN_REGISTERS = 40
 MAX_THREADS_PER_UNIT = 2048
 
 
-def token_step_us(spec: KdaRecurrentSpec, target: Target) -> float:
-    cross = CROSS_WARP_US if spec.num_warps > 1 else 0.0
-    return TOKEN_STEP_US + ELEMENT_US * spec.state_registers(target.warp_size) + cross
+def token_step_us(spec: KdaRecurrentSpec) -> float:
+    return TOKEN_STEP_US + (CROSS_WARP_US if spec.num_warps > 1 else 0.0)
 
 
 def resident_programs(spec: KdaRecurrentSpec, target: Target) -> int:
@@ -150,13 +154,21 @@ TRUSTED_MAX_TOKENS = 16
 
 
 def recurrent_cost(spec: KdaRecurrentSpec, problem, target: Target) -> float:
-    """Estimated microseconds: one launch, then waves of chains, each as long as the longest
-    sequence in tokens (``problem.longest_seq``); infinite past ``TRUSTED_MAX_TOKENS``."""
+    """Estimated microseconds: one launch, waves of chains as long as the longest sequence in
+    tokens (``problem.longest_seq``), the state traffic; infinite past ``TRUSTED_MAX_TOKENS``."""
     if problem.longest_seq > TRUSTED_MAX_TOKENS and not problem.state_pool:
         return math.inf
     programs = problem.num_seqs * problem.heads_v * (problem.head_dim_v // spec.block_v)
     waves = -(-programs // (resident_programs(spec, target) * target.compute_units))
-    return LAUNCH_US + waves * problem.longest_seq * token_step_us(spec, target)
+    return LAUNCH_US + waves * problem.longest_seq * token_step_us(spec) + state_traffic_us(problem)
+
+
+def state_traffic_us(problem) -> float:
+    """The fp32 states' compulsory read and write (with an initial state and a final one), which
+    every form pays alike: the split path's estimate adds it too, so the two compare."""
+    passes = problem.initial_state + (problem.output_final_state or problem.state_pool)
+    state_mb = problem.num_seqs * problem.heads_v * problem.head_dim_k * problem.head_dim_v * 4e-6
+    return passes * state_mb * STATE_US_PER_MB
 
 
 # --- launch derivation and AOT build -------------------------------------------------------------

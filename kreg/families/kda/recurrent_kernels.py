@@ -49,9 +49,13 @@ def kda_recurrent_kernel(
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, POOL: tl.constexpr,
     STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
 ):  # fmt: skip
-    """Grid (N * HV, V // BV): axis 0 may exceed 65535 (512 sequences x 128 heads)."""
-    pid_s = tl.program_id(0)
-    pid_v = tl.program_id(1)
+    """Grid (N * HV * (V // BV),): one axis, the V block fastest, so the programs resident at
+    once read and write whole states (contiguous K*V runs of memory) rather than one V slice of
+    many states; an axis of its own for the V blocks ran the 2 GiB state traffic of 512 sequences
+    x 64 heads at 2.1 TB/s against fla's 3.4 (H200)."""
+    pid = tl.program_id(0)
+    pid_s = pid // (V // BV)
+    pid_v = pid % (V // BV)
     seq = pid_s // HV
     hv = pid_s % HV
     h = hv // (HV // H)
