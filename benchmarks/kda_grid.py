@@ -56,7 +56,8 @@ def cmd_sweep(args) -> int:
 
     names = set(args.shapes) if args.shapes else None
     sweep.run(args.out, deadline_s=args.deadline_s, quick=not args.full, workers=args.workers,
-              names=names, peer=not args.no_peer, started=STARTED)  # fmt: skip
+              names=names, peer=not args.no_peer, kreg=not args.peer_only,
+              started=STARTED)  # fmt: skip
     return 0
 
 
@@ -109,6 +110,8 @@ def main(argv=None) -> int:
                    "cores - 2, at most 14)")  # fmt: skip
     p.add_argument("--full", action="store_true", help="the full repetition budget")
     p.add_argument("--no-peer", action="store_true", help="no fla rows")
+    p.add_argument("--peer-only", action="store_true", help="fla rows only (autotune fla on "
+                   "the idle GPU and save its choices for a later call)")
     p.add_argument("--shapes", nargs="+", help="only these grid shapes (names)")
     p = sub.add_parser("fit")
     p.add_argument("sweep")

@@ -35,9 +35,9 @@ from kreg.registry.model import Prediction, Target
 from . import specs as kspecs
 
 MODEL_KIND = "kda-split-roles-pooled-lstsq"
-FEATURE_VERSION = 2
+FEATURE_VERSION = 3
 SHAPE_FEATURES = ("L", "P", "X", "P_over_7", "X_over_16", "k", "v", "prod")
-ROLE_FEATURES = ("chain", "waves", "waves_over_1", "v_blocks", "scan")
+ROLE_FEATURES = ("chain", "waves", "waves_over_1", "v_blocks", "scan", "regs", "regs_over_7")
 FEATURES = SHAPE_FEATURES + ROLE_FEATURES
 # ridge strengths (units of standardised features) the fit picks from by leave-one-out
 # cross-validation over its own shapes: least geomean regret, then least worst regret
@@ -67,9 +67,10 @@ def _role(chunk, wide, warps, stages, seg) -> Role:
     return Role(name, chunk, wide, warps, stages, seg)
 
 
-# Ten, covering what won somewhere in docs/kda/SPEED.md and the tuning table (chunk 16 with a
+# Eleven, covering what won somewhere in docs/kda/SPEED.md and the tuning table (chunk 16 with a
 # wide V block, chunk 32 with a narrow one, segments of 16 and 64 chunks) plus chunk 64, the
-# heuristic's usual choice off the table. The prep spec of a role is its chunk's with solve_block
+# heuristic's usual choice off the table, and chunk 32 wide with 64-chunk segments (best for one
+# long sequence among short ones in the first sweep, where no role came within 1.3x of it). The prep spec of a role is its chunk's with solve_block
 # 16 (the only one a bounded gate admits at every head dim) and the fewest warps enumerated.
 ROLES = (
     _role(16, True, 4, 3, 0),
@@ -81,6 +82,7 @@ ROLES = (
     _role(32, False, 2, 3, 16),
     _role(32, False, 2, 2, 64),
     _role(32, True, 4, 3, 0),
+    _role(32, True, 4, 2, 64),
     _role(64, True, 4, 2, 0),
 )
 ROLE_BY_NAME = {r.name: r for r in ROLES}
@@ -191,18 +193,21 @@ def role_features(problem, spec) -> dict[str, float]:
     c, bv, seg = spec.tile.chunk, spec.scan.block_v, spec.scan.segment_chunks
     chunks = -(-problem.longest_seq // c)
     if seg:
-        # one segment's chunks, then the segment-map combine, serial over the segments
-        chain = min(chunks, seg) + -(-chunks // seg)
+        # two passes over one segment's chunks (its map, then its scan) and between them the
+        # combine, serial over the segments (as plugin.split_cost)
+        chain = 2 * min(chunks, seg) + -(-chunks // seg)
         tokens = problem.batch * problem.seq_len
         launched = problem.num_seqs * segment_count(problem.seq_len, c, seg)
         states = min(launched, -(-tokens // (c * seg)) + problem.num_seqs)  # non-empty ones
     else:
         chain, states = chunks, problem.num_seqs
     waves = math.log2(V // bv * problem.heads_v * states / (2 * SMS))
+    regs = math.log2(K * bv / (spec.scan.num_warps * 32))  # the state block's, per thread
     return {
         "chain": math.log2(chain * c), "waves": waves, "waves_over_1": max(0.0, waves),
         "v_blocks": math.log2(V / bv),
         "scan": math.log2(chain * c) + max(0.0, waves) + math.log2(K * bv) - 12,
+        "regs": regs, "regs_over_7": max(0.0, regs - 7.0),
     }  # fmt: skip
 
 

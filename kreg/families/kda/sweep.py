@@ -225,8 +225,11 @@ def _time_impl(torch, timer, impl, reference_out, budget) -> dict:
 
 
 def run(out_path, *, deadline_s: float = 540.0, quick: bool = True, workers: int | None = None,
-        names=None, peer: bool = True, started: float | None = None, log=None) -> dict:  # fmt: skip
-    """Sweep the grid (or the shapes named) on this GPU; returns and writes the results."""
+        names=None, peer: bool = True, kreg: bool = True, started: float | None = None,
+        log=None) -> dict:  # fmt: skip
+    """Sweep the grid (or the shapes named) on this GPU; returns and writes the results.
+    ``kreg=False`` times fla's rows only (every shape gets an entry without specs): a call of
+    its own that autotunes fla on the idle GPU and saves the choices for later calls."""
     import torch
     import triton
 
@@ -257,6 +260,8 @@ def run(out_path, *, deadline_s: float = 540.0, quick: bool = True, workers: int
     jobs = compile_jobs(plans)
     if not peer:
         jobs = [j for j in jobs if not j[1][0].startswith("fla")]
+    if not kreg:
+        jobs = [j for j in jobs if j[1][0].startswith("fla")]
     t0 = time.perf_counter()
     env = {"FLA_CACHE_RESULTS": "0", "KREG_MODELS": os.devnull}
     problems = []
@@ -276,7 +281,7 @@ def run(out_path, *, deadline_s: float = 540.0, quick: bool = True, workers: int
         return deadline_s - (time.perf_counter() - started)
 
     slowest = 0.0
-    for p in plans:  # phase 1: kreg's specs
+    for p in plans if kreg else ():  # phase 1: kreg's specs
         if left() < slowest * 1.5 + 5:
             results["stopped"] = f"deadline before kreg specs of {p.shape.name}"
             break
@@ -312,8 +317,13 @@ def run(out_path, *, deadline_s: float = 540.0, quick: bool = True, workers: int
         results["phase1_complete"] = True
     for p in plans if peer else ():  # phase 2: fla with the same promise
         entry = by_name.get(p.shape.name)
-        if entry is None:
+        if entry is None and kreg:
             break
+        if entry is None:
+            entry = {"name": p.shape.name, "params": grid.params_of(p.shape),
+                     "problem": attrs.asdict(p.problem), "current": p.current,
+                     "decided_by": p.decided_by, "specs": [], "fla": {}}  # fmt: skip
+            results["shapes"].append(entry)
         cut = any(str(x).startswith("deadline") for x in problems)
         if left() < (FLA_MARGIN_UNCOMPILED_S if cut else FLA_MARGIN_S):
             results["stopped"] = f"deadline before fla on {p.shape.name}"
@@ -331,7 +341,7 @@ def run(out_path, *, deadline_s: float = 540.0, quick: bool = True, workers: int
             f"{k} {v.get('ms', float('nan')):.3f} ms" for k, v in entry["fla"].items())
             + f" ({results['elapsed_s']:.0f} s so far)")  # fmt: skip
     else:
-        results["complete"] = results.get("phase1_complete", False)
+        results["complete"] = results.get("phase1_complete", False) or not kreg
     results["elapsed_s"] = time.perf_counter() - started
     results["triton"] = triton.__version__
     results["autotune_saved"] = save_autotune(out_path.parent / "triton_autotune")
