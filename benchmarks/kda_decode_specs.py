@@ -73,7 +73,7 @@ def run(out: str, quick: bool) -> int:
             if spec is None or not is_valid_recurrent_spec(spec, target, problem).ok:
                 continue
             s = attrs.evolve(pinned, spec=spec)
-            impl = Impl("spec", run=lambda s=s: run_selection(s, call, problem))
+            impl = Impl("spec", run=lambda s=s, c=call, p=problem: run_selection(s, c, p))
             t = timer.time(impl, **reps)
             row["specs"].append({"block_v": spec.block_v, "num_warps": spec.num_warps,
                                  "num_stages": spec.num_stages, "ms": t["ms"]})  # fmt: skip
@@ -91,7 +91,7 @@ def run(out: str, quick: bool) -> int:
         results["shapes"].append(row)
         with open(out, "w") as f:
             json.dump(results, f, indent=1, default=str)
-        del x, h0, kw, call
+        del x, h0, kw, call, problem
         torch.cuda.empty_cache()
     return 0
 
