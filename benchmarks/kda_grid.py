@@ -110,8 +110,11 @@ def main(argv=None) -> int:
                    "cores - 2, at most 14)")  # fmt: skip
     p.add_argument("--full", action="store_true", help="the full repetition budget")
     p.add_argument("--no-peer", action="store_true", help="no fla rows")
-    p.add_argument("--peer-only", action="store_true", help="fla rows only (autotune fla on "
-                   "the idle GPU and save its choices for a later call)")
+    p.add_argument(
+        "--peer-only",
+        action="store_true",
+        help="fla rows only (autotune fla on the idle GPU and save its choices for a later call)",
+    )
     p.add_argument("--shapes", nargs="+", help="only these grid shapes (names)")
     p = sub.add_parser("fit")
     p.add_argument("sweep")
