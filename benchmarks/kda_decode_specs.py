@@ -96,13 +96,22 @@ def run(out: str, quick: bool) -> int:
     return 0
 
 
+KEYS = ("block_v", "num_warps", "num_stages")
+
+
 def _spec_key(r: dict) -> tuple:
-    return (r["block_v"], r["num_warps"], r["num_stages"])
+    return tuple(r[k] for k in KEYS)
+
+
+def _spec(r: dict):
+    from kreg.families.kda.recurrent import KdaRecurrentSpec
+
+    return KdaRecurrentSpec(**{k: r[k] for k in KEYS}, initial_state=True, output_final_state=True)
 
 
 def report(path: str) -> int:
     """Per shape: best spec, the model's pick, fla; the holdout's regrets (CPU)."""
-    from kreg.families.kda.recurrent import KdaRecurrentSpec, recurrent_cost
+    from kreg.families.kda.recurrent import is_valid_recurrent_spec, recurrent_cost
     from kreg.problems import LinearAttentionProblem
     from kreg.registry import get_registry
 
@@ -115,10 +124,12 @@ def report(path: str) -> int:
             head_dim_v=128,
             initial_state=True, output_final_state=True,
         )  # fmt: skip
-        times = {_spec_key(r): r["ms"] for r in row["specs"]}
-        pick = min(times, key=lambda k: recurrent_cost(
-            KdaRecurrentSpec(block_v=k[0], num_warps=k[1], num_stages=k[2], initial_state=True,
-                             output_final_state=True), problem, target))  # fmt: skip
+        times = {_spec_key(r): r["ms"] for r in row["specs"]
+                 if is_valid_recurrent_spec(_spec(r), target, problem).ok}  # fmt: skip
+        pick = min(
+            times,
+            key=lambda k: recurrent_cost(_spec(dict(zip(KEYS, k, strict=True))), problem, target),
+        )
         best = min(times, key=times.get)
         regret = times[pick] / times[best]
         regrets[row["holdout"]].append(regret)

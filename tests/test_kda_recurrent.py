@@ -89,3 +89,31 @@ def test_pools_and_chunk_states_each_go_to_the_form_that_serves_them():
     assert select(states, "sm90").candidate.name == "kda.split"
     with pytest.raises(ValueError, match="state_pool needs initial_state"):
         problem(state_pool=True)
+
+
+def test_decode_cost_model_picks_near_the_fastest_measured_spec():
+    """On every shape of the committed H200 decode sweep (fit and holdout), the spec of lowest
+    estimated cost runs within 5% of the fastest valid spec measured there."""
+    import json
+    from pathlib import Path
+
+    from kreg.families.kda import recurrent as R
+    from kreg.problems import LinearAttentionProblem
+
+    target = get_registry().targets["sm90"]
+    data = json.loads((Path(__file__).parents[1] / "docs/kda/decode/specs.json").read_text())
+    assert len(data["shapes"]) >= 30
+    for row in data["shapes"]:
+        problem = LinearAttentionProblem(
+            batch=row["N"], seq_len=row["T"], heads_qk=row["H"], heads_v=row["H"],
+            head_dim_k=128, head_dim_v=128, initial_state=True, output_final_state=True,
+        )  # fmt: skip
+        times = {}
+        for r in row["specs"]:
+            spec = R.KdaRecurrentSpec(block_v=r["block_v"], num_warps=r["num_warps"],
+                                      num_stages=r["num_stages"], initial_state=True,
+                                      output_final_state=True)  # fmt: skip
+            if R.is_valid_recurrent_spec(spec, target, problem).ok:
+                times[spec] = r["ms"]
+        pick = min(times, key=lambda s: R.recurrent_cost(s, problem, target))
+        assert times[pick] <= 1.05 * min(times.values()), (row["N"], row["H"], row["T"], pick)

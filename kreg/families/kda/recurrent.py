@@ -25,9 +25,10 @@ WARPS = (1, 2, 4, 8)
 # Software pipelining of the token loop's loads (they never depend on the state). AMD's was never
 # measured: its scan enumerates one stage, here two at most.
 STAGES_BY_BACKEND = {"cuda": (1, 2, 3), "hip": (1, 2)}
-# The [K, block_v] fp32 state lives in registers: at most this share of a thread's registers
-# (rounded up: 128 of sm90's 255, where 128 x 32 at one warp compiles to 219 without spilling),
-# the rest for the token's vectors, addresses and the reductions.
+# The [K, block_v] fp32 state lives in registers: below half of a thread's registers, the rest
+# for the token's vectors, addresses and the reductions. 128 x 32 at one warp (128 of sm90's
+# 255) compiles to 219 without spilling, but ran 5-8% slower than 128 x 16 on every decode shape
+# past 64 sequences x 16 heads and never more than 1% faster (docs/kda/decode/specs.json).
 STATE_REGISTER_SHARE = 0.5
 
 
@@ -70,7 +71,7 @@ def enumerate_recurrent_specs(target: Target) -> list[KdaRecurrentSpec]:
 
 def is_valid_recurrent_spec(spec: KdaRecurrentSpec, target: Target, problem=None) -> Verdict:
     regs = spec.state_registers(target.warp_size)
-    budget = math.ceil(STATE_REGISTER_SHARE * target.max_registers_per_thread)
+    budget = STATE_REGISTER_SHARE * target.max_registers_per_thread
     return Verdict.check(
         (spec.head_dim_k in HEAD_DIMS, f"head_dim_k={spec.head_dim_k} not in supported {HEAD_DIMS}"),
         (spec.head_dim_v in HEAD_DIMS, f"head_dim_v={spec.head_dim_v} not in supported {HEAD_DIMS}"),
@@ -121,15 +122,20 @@ def accepts_recurrent(problem) -> Verdict:
 # wave, each token step waits on its loads (q, k, v, g, beta: latency, not bandwidth), plus a
 # round trip through shared memory when the state block spans warps; beside the waves, the
 # state's compulsory traffic (read and written once, fp32) at the device's bandwidth. Constants:
-# least squares, relative error, on the fit shapes of ``benchmarks/kda_decode_specs.py`` (27
-# specs x 22 shapes, H200, 2026-12-03, docs/kda/decode/specs.json); on its 21 held-out shapes the
-# cheapest estimate's spec is within 1.00x (median) / 1.05x (worst) of the fastest measured.
-TOKEN_STEP_US = 1.84  # one token step of a wave
-CROSS_WARP_US = 0.88  # the reduction's barrier once the block spans warps
-LAUNCH_US = 5.2  # one kernel node of a CUDA graph, launch to first wave
-STATE_US_PER_MB = 0.235  # ~4.3 TB/s: state bytes read or written
-# The serial chain's own registers beside the state block (vectors, addresses, reductions).
-CHAIN_REGISTERS = 40
+# least squares, relative error, on the fit shapes of ``benchmarks/kda_decode_specs.py`` (the 27
+# valid specs x 18 shapes, H200, 2026-12-03, docs/kda/decode/specs.json); on its 17 held-out
+# shapes the cheapest estimate's spec is within 1.00x (median) / 1.02x (worst) of the fastest.
+TOKEN_STEP_US = 1.74  # one token step of a wave
+CROSS_WARP_US = 0.69  # the reduction's barrier once the block spans warps
+LAUNCH_US = 5.5  # one kernel node of a CUDA graph, launch to first wave
+STATE_US_PER_MB = 0.23  # ~4.3 TB/s: state bytes read or written
+# Registers a thread takes, from the state block's: sm90 AOT builds (K = 128) compile to
+# 64 (16 x 8 warps) ... 123 (16 x 1) ... 219 (32 x 1): about 1.5 per state register (the decay,
+# the update and the reduction each hold a copy in flight) plus the chain's vectors and
+# addresses, never below 64.
+REGISTERS_PER_STATE_REGISTER = 1.5
+CHAIN_REGISTERS = 28
+MIN_REGISTERS = 64
 MAX_THREADS_PER_UNIT = 2048
 
 
@@ -140,7 +146,8 @@ def token_step_us(spec: KdaRecurrentSpec) -> float:
 def resident_programs(spec: KdaRecurrentSpec, target: Target) -> int:
     """Programs that fit on one SM / CU at once, by registers and threads."""
     threads = spec.num_warps * target.warp_size
-    regs = spec.state_registers(target.warp_size) + CHAIN_REGISTERS
+    state = spec.state_registers(target.warp_size)
+    regs = max(MIN_REGISTERS, REGISTERS_PER_STATE_REGISTER * state + CHAIN_REGISTERS)
     by_regs = int(target.registers_per_unit // (regs * threads))
     return max(1, min(by_regs, MAX_THREADS_PER_UNIT // threads))
 
