@@ -149,7 +149,7 @@ def step_vllm_prefill(ops, t):
         initial_state=initial_state, output_final_state=True, use_qk_l2norm_in_kernel=True,
         cu_seqlens=t["cu_seqlens"],
     )  # fmt: skip
-    pool[slots] = last_state
+    pool[slots] = last_state.to(pool.dtype)  # as vLLM: the state comes back fp32
     return o
 
 
@@ -235,10 +235,17 @@ def batches(K=32, H=1, HV=2, prefill=(5, 1, 14), decode=4):
     dec = Batch((1,) * decode, dec_slots, pool, H, HV, K)
     padded = attrs.evolve(dec, slots=tuple(s for s in dec_slots if s >= 0),
                           lengths=(1,) * sum(s >= 0 for s in dec_slots), trailing_pad=3)  # fmt: skip
+    # vLLM's plain decode batch has no pad slot: a free slot stands in for it (two sequences on
+    # one slot would race for its write-back in any kernel)
+    free = min(set(range(pool)) - set(dec_slots))
+    unpadded = tuple(free if s < 0 else s for s in dec_slots)
+    for slots in (pre.slots, dec.slots, unpadded):
+        used = [s for s in slots if s >= 0]
+        assert len(set(used)) == len(used), f"repeated slots in a replay batch: {slots}"
     sg_pre = attrs.evolve(pre, has_initial_state=None)  # SGLang keeps fresh slots zeroed itself
     return [
         ("vllm.prefill", "varlen", pre),
-        ("vllm.decode", "batch", attrs.evolve(dec, slots=tuple(abs(s) for s in dec_slots))),
+        ("vllm.decode", "batch", attrs.evolve(dec, slots=unpadded)),
         ("vllm.decode", "graph_padded", padded),
         ("sglang.extend", "varlen", sg_pre),
         ("sglang.extend_fla", "varlen", sg_pre),
