@@ -255,11 +255,6 @@ def batches(K=32, H=1, HV=2, prefill=(5, 1, 14), decode=4):
 
 # calls kreg's shim does not serve yet: (call, batch id) -> (exception, reason)
 KNOWN_GAPS = {
-    ("vllm.decode", "graph_padded"): (
-        ValueError,
-        "initial_state_indices longer than N (vLLM pads the slots to the CUDA graph's batch "
-        "with -1 and cuts cu_seqlens to num_decodes + 1; fla's kernel reads the first N)",
-    ),
     ("sglang.extend", "varlen"): (
         TypeError,
         "SGLang's chunk_kda signature: initial_state_indices (pool in place), "

@@ -254,7 +254,9 @@ def fused_recurrent_kda(
       ``ssm_state_indices`` (fla's and vLLM's kernel-level name), ``[N]`` int32 / int64 slots
       of a state pool passed as ``initial_state`` ``[P, HV, K, V]``: final states are written
       back into the pool in place and the pool is returned as the final state (see
-      ``kda_prefill``; fla's public function ignores these names).
+      ``kda_prefill``; fla's public function ignores these names). As fla's kernel, only the
+      first N slots are read: vLLM's graph-padded decode passes the slots of the captured
+      batch (padded with -1) and ``cu_seqlens`` cut to its N + 1 real offsets.
     - Refused (``ValueError`` naming the argument): ``allow_neg_eigval=True`` (beta in [0, 2)),
       a per-column beta ``[B, T, HV, V]`` (fla's headwise beta), 2-d state indices (fla's
       speculative-decoding layout). Other keyword names raise ``TypeError`` (fla ignores them
@@ -274,6 +276,9 @@ def fused_recurrent_kda(
     if isinstance(indices, torch.Tensor) and indices.dim() != 1:
         _fail(name, f"expected [N] slots, got shape {tuple(indices.shape)} (2-d per-token slots "
                     "for speculative decoding are not served)")  # fmt: skip
+    n_seqs = _sequence_count(q, cu_seqlens)
+    if isinstance(indices, torch.Tensor) and n_seqs is not None and indices.shape[0] > n_seqs:
+        indices = indices[:n_seqs]  # a view: no copy, no sync (the pad slots are never read)
     if _flag("allow_neg_eigval", allow_neg_eigval):
         _fail("allow_neg_eigval", "True (beta in [0, 2)) is not served by kreg; pass False")
     if isinstance(beta, torch.Tensor) and isinstance(v, torch.Tensor) and beta.dim() == v.dim():
@@ -299,3 +304,13 @@ def fused_recurrent_kda(
         state_layout="vk" if _flag("state_v_first", state_v_first) else "kv",
         initial_state_indices=indices,
     )  # fmt: skip
+
+
+def _sequence_count(q, cu_seqlens) -> int | None:
+    """N as fla's kernel counts it (from shapes only), or None where the arguments are malformed
+    (``kda_prefill`` then names them)."""
+    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.dim() == 1:
+        return max(cu_seqlens.shape[0] - 1, 0)
+    if cu_seqlens is None and isinstance(q, torch.Tensor) and q.dim() == 4:
+        return q.shape[0]
+    return None
