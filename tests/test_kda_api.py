@@ -582,3 +582,43 @@ def test_the_default_problem_is_unbounded_and_takes_the_safe_anchor():
     assert sel.candidate.name == "kda.split" and sel.spec.tile.anchor == "safe"
     bounded = select(_default_problem(gate_lower_bound=-5.0), "sm90")
     assert bounded.spec.tile.anchor == "block"
+
+
+# --- pooled prefill: the chunked form's gather and scatter (plain torch, no device sync) ---------
+
+
+def test_gather_slots_reads_slots_zeros_for_negative_nan_past_the_pool():
+    pool = torch.arange(3 * 2 * 2 * 2, dtype=torch.float32).view(3, 2, 2, 2)
+    got = api._gather_slots(pool, torch.tensor([2, -1, 3, 0]))
+    assert torch.equal(got[0], pool[2]) and torch.equal(got[3], pool[0])
+    assert torch.equal(got[1], torch.zeros_like(pool[0])) and got[2].isnan().all()
+    empty = api._gather_slots(pool[:0], torch.tensor([-1, 0]))
+    assert (empty[0] == 0).all() and empty[1].isnan().all()
+
+
+def test_scatter_slots_writes_only_valid_slots_whatever_the_clamped_duplicates():
+    """A negative slot clamps onto slot 0 and a slot past the pool onto the last one; both are
+    owned by valid sequences here, so a clamped row must store the owner's state, not the old
+    value (index_copy_ of differing duplicates would let either win)."""
+    P = 5
+    pool = torch.randn(P, 2, 4, 4)
+    before = pool.clone()
+    slots = torch.tensor([0, -1, P, 4, -7])
+    final = torch.randn(len(slots), 2, 4, 4)
+    api._scatter_slots(pool, slots, final)
+    assert torch.equal(pool[0], final[0]) and torch.equal(pool[4], final[3])
+    for slot in (1, 2, 3):
+        assert torch.equal(pool[slot], before[slot])
+    lone = before.clone()  # a clamped row onto a slot nobody owns keeps that slot's value
+    api._scatter_slots(lone, torch.tensor([-1, 2]), final[:2])
+    assert torch.equal(lone[0], before[0]) and torch.equal(lone[2], final[1])
+
+
+def test_a_strided_pool_is_refused_before_launch(no_launch):
+    """A pool is written in place: a strided one would be read through a contiguous copy and
+    the writes lost, so it is refused by name (removing the check lets the call launch)."""
+    pool = torch.zeros(4, 2, 32, 32).transpose(-1, -2)  # [P, HV, K, V] by shape, strided
+    with pytest.raises(ValueError, match="^initial_state: a state pool must be contiguous"):
+        call(make(B=2), initial_state=pool, initial_state_indices=torch.tensor([0, 1]))
+    with pytest.raises(Launched):  # the same pool, contiguous, reaches the launch
+        call(make(B=2), initial_state=pool.contiguous(), initial_state_indices=torch.tensor([0, 1]))

@@ -80,11 +80,16 @@ def test_no_prefill_shape_of_the_grid_takes_the_recurrence():
 
 
 def test_pools_and_chunk_states_each_go_to_the_form_that_serves_them():
-    pooled = problem(T=4096, N=1, initial_state=True, output_final_state=True, state_pool=True)
-    sel = select(pooled, "sm90")
+    """A pool is served by both forms (the chunked one gathers and scatters its slots), so the
+    lengths decide as without one: decode to the recurrence, prefill to the chunked form; chunk
+    states only by the chunked form."""
+    kw = dict(N=1, initial_state=True, output_final_state=True, state_pool=True)
+    sel = select(problem(T=1, **kw), "sm90")
     assert sel.candidate.name == "kda.recurrent" and sel.spec.state_pool
-    [split] = [e for e in sel.trace if e.candidate == "kda.split" and e.stage == "problem"]
-    assert not split.ok and "state_pool" in split.reason
+    sel = select(problem(T=4096, **kw), "sm90")
+    assert sel.candidate.name == "kda.split"
+    [rec] = [e for e in sel.trace if e.candidate == "kda.recurrent" and e.stage == "ranked"]
+    assert "estimated cost inf" in rec.reason
     states = problem(T=1, output_chunk_states=True)
     assert select(states, "sm90").candidate.name == "kda.split"
     with pytest.raises(ValueError, match="state_pool needs initial_state"):

@@ -212,9 +212,12 @@ def test_the_dispatcher_picks_the_recurrence_for_decode_and_split_for_prefill():
 # --- state pools ----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("algorithm", [REC, "kda.split"])
 @pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
 @pytest.mark.parametrize("layout", ["kv", "vk"])
-def test_pool_slots_are_read_and_written_in_place(index_dtype, layout):
+def test_pool_slots_are_read_and_written_in_place(index_dtype, layout, algorithm):
+    """The recurrent kernel reads and writes the slots itself; the chunked form gathers and
+    scatters them around its kernels."""
     x = make(B=1, T=5, dtype=FP32, seed=12)
     cu = torch.tensor([0, 1, 3, 3, 5])  # four sequences, one empty
     P = 7
@@ -223,8 +226,8 @@ def test_pool_slots_are_read_and_written_in_place(index_dtype, layout):
         pool = pool.transpose(-1, -2).contiguous()
     before = pool.clone()
     idx = torch.tensor([5, -1, 0, 2], dtype=index_dtype)
-    o, ret = rec(x, initial_state=pool, initial_state_indices=idx, cu_seqlens=cu,
-                 state_layout=layout)  # fmt: skip
+    o, ret = api.kda_prefill(**x, initial_state=pool, initial_state_indices=idx, cu_seqlens=cu,
+                             state_layout=layout, algorithm=algorithm)  # fmt: skip
     assert ret is pool, "the pool is returned, updated in place"
     starts = torch.stack([before[5], torch.zeros_like(before[0]), before[0], before[2]])
     so, sh = token_serial_oracle(**x, initial_state=starts, cu_seqlens=cu, state_layout=layout)
@@ -236,9 +239,11 @@ def test_pool_slots_are_read_and_written_in_place(index_dtype, layout):
         assert_equal(pool[slot], before[slot], f"slot {slot} untouched")
 
 
-def test_unchecked_slot_out_of_range_gives_nan_and_touches_nothing():
-    """Device indices alone are not read on the host: the kernel's guard (driven here through
-    the launcher, as a graph replay would reach it) makes the outputs NaN and writes nothing."""
+@pytest.mark.parametrize("algorithm", [REC, "kda.split"])
+def test_unchecked_slot_out_of_range_gives_nan_and_touches_nothing(algorithm):
+    """Device indices alone are not read on the host: the recurrent kernel's guard, or the
+    chunked form's gather and scatter (driven here through ``run_selection``, as a graph replay
+    would reach them), make the outputs NaN and write nothing outside the slots given."""
     x = make(B=2, T=2, dtype=FP32, seed=14)
     pool = numerics.state(3, 2, 32, 32)
     before = pool.clone()
@@ -247,11 +252,37 @@ def test_unchecked_slot_out_of_range_gives_nan_and_touches_nothing():
     import attrs
 
     call = attrs.evolve(call, state_indices=torch.tensor([3, 1]))
-    spec = select(problem, "sm90").spec
-    o, _, _ = launch.run_recurrent(call, spec)
+    o, _ = api.run_selection(select(problem, "sm90", algorithm=algorithm), call, problem)
     assert o[0].isnan().all() and torch.isfinite(o[1]).all()
     assert_equal(pool[0], before[0], "slot 0")
     assert_equal(pool[2], before[2], "slot 2")
+    assert torch.isfinite(pool[1]).all() and not torch.equal(pool[1], before[1]), "slot 1 written"
+
+
+def test_a_pooled_prefill_is_the_plain_chunked_run_bit_for_bit():
+    """Past the decode lengths the dispatcher serves a pool with the chunked form: outputs,
+    chunk states and the slots written are bit for bit the run on the gathered states."""
+    x = make(B=1, T=80, dtype=FP32, seed=15)
+    cu = torch.tensor([0, 50, 50, 80])
+    pool = numerics.state(6, 2, 32, 32, seed=16)
+    before = pool.clone()
+    idx = torch.tensor([4, 1, -1])
+    kw = dict(cu_seqlens=cu, output_chunk_states=True)
+    o, ret, hs = api.kda_prefill(**x, initial_state=pool, initial_state_indices=idx,
+                                 algorithm="kda.split", **kw)  # fmt: skip
+    assert ret is pool
+    problem, _ = api._prepare(**api_args(x, initial_state=before, initial_state_indices=idx,
+                                         cu_seqlens=cu))  # fmt: skip
+    assert select(problem, "sm90").candidate.name == "kda.split"
+    starts = torch.stack([before[4], before[1], torch.zeros_like(before[0])])
+    po, ph, phs = api.kda_prefill(**x, initial_state=starts, output_final_state=True,
+                                  algorithm="kda.split", **kw)  # fmt: skip
+    assert_equal(o, po, "o")
+    assert_equal(hs, phs, "chunk states")
+    assert_equal(pool[4], ph[0], "slot 4")
+    assert_equal(pool[1], ph[1], "slot 1 (an empty sequence: its state back unchanged)")
+    for slot in (0, 2, 3, 5):
+        assert_equal(pool[slot], before[slot], f"slot {slot} untouched")
 
 
 @pytest.mark.parametrize("bad,fragment", [

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 
+import attrs
 import numpy as np
 import torch
 
@@ -108,10 +109,13 @@ def kda_prefill(
     State pools (the serving engines' state cache): ``initial_state`` a pool ``[P, HV, K, V]``
     (``[P, HV, V, K]`` with ``state_layout="vk"``; fp32 or bf16) and ``initial_state_indices``
     ``[N]`` int32 or int64 on q's device: sequence n starts from slot ``indices[n]`` and its
-    final state is written back into that slot, in place, by the kernel (no gather or scatter
-    copy); the returned final state is the pool itself, whatever ``output_final_state``. A
-    negative index (SGLang's padding slot, -1) starts from zeros and writes nothing back. Served
-    by ``kda.recurrent`` at any length (the chunked kernels take no pools yet). The index values
+    final state is written back into that slot, in place; the returned final state is the pool
+    itself, whatever ``output_final_state``. A negative index (SGLang's padding slot, -1)
+    starts from zeros and writes nothing back. ``kda.recurrent`` (decode) reads and writes the
+    slots in its kernel; the chunked form (prefill) gathers the N slots' states into a buffer
+    and scatters the N final states back (``_gather_slots``, ``_scatter_slots``: torch ops
+    without a device sync, so a captured graph can hold them). The pool must be contiguous
+    (a strided one is refused: it would be read through a copy). The index values
     are checked before launch (an index >= P, or a slot two sequences share, raises
     ``ValueError`` naming ``initial_state_indices``) when they are readable without a device
     sync: CPU indices, or ``initial_state_indices_cpu``, a host copy of the device indices,
@@ -157,16 +161,59 @@ def run_selection(selection, call: launch.Call, problem: LinearAttentionProblem,
         # a pool (always at kernel head dims: make_call) comes back whole
         ht = ht if call.state_indices is not None else _unpad(ht, problem, problem.state_layout)
         return _unpad(o, problem, "o"), ht
+    pool, slots = call.initial_state, call.state_indices
+    if slots is not None:  # the chunked kernels read and write [N, ...] states
+        call = attrs.evolve(call, initial_state=_gather_slots(pool, slots), state_indices=None,
+                            output_final_state=True)  # fmt: skip
     if selection.candidate.name == "kda.fused":
         o, ht, hs = launch.run_fused(call, spec)
     else:
         o, ht, hs = launch.run_split(call, spec.tile, spec.scan)
+    if slots is not None:  # a pool is at kernel head dims (make_call): nothing to unpad
+        _scatter_slots(pool, slots, ht)
+        ht = pool
     o, ht = _unpad(o, problem, "o"), _unpad(ht, problem, problem.state_layout)
     if not problem.output_chunk_states:
         return o, ht
     if trim_chunk_states:
         hs = hs[: _total_chunks(call, call.chunk_states_size)]
     return o, ht, _unpad(hs, problem, problem.state_layout)
+
+
+def _gather_slots(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """The start states ``[N, ...]`` of pooled sequences, in the pool's dtype: slot ``slots[n]``,
+    zeros for a negative slot, NaN past the pool (that sequence's outputs become NaN, as
+    ``kda.recurrent`` makes them; nothing outside the pool is read). No device sync."""
+    P = pool.shape[0]
+    inside = ((slots >= 0) & (slots < P)).view(-1, 1, 1, 1)
+    if P == 0:
+        rows = pool.new_zeros((slots.shape[0], *pool.shape[1:]))
+    else:
+        rows = pool.index_select(0, slots.clamp(0, P - 1))
+    fill = torch.where(slots < 0, 0.0, float("nan")).to(pool.dtype).view(-1, 1, 1, 1)
+    return torch.where(inside, rows, fill)
+
+
+def _scatter_slots(pool: torch.Tensor, slots: torch.Tensor, final: torch.Tensor) -> None:
+    """Write the final states ``[N, ...]`` into their slots of ``pool``, in place, skipping
+    negative slots and slots past the pool, without a device sync (so no boolean indexing).
+    Every row writes to its slot clamped into the pool; a row that must not write stores the
+    value its clamped slot ends with anyway (the final state of the sequence that owns that
+    slot, else the slot's own value), so the duplicate writes all carry one value and
+    ``index_copy_`` is deterministic. Two sequences given one slot (not detectable here without
+    a sync) race, as in ``kda.recurrent``: the documented contract."""
+    P = pool.shape[0]
+    if P == 0:
+        return
+    inside = (slots >= 0) & (slots < P)
+    target = slots.clamp(0, P - 1)
+    owns = (target[:, None] == slots[None, :]) & inside[None, :]  # [n, m]: m owns n's target
+    owner = torch.where(inside, torch.arange(slots.shape[0], device=slots.device),
+                        owns.to(torch.int8).argmax(1))  # fmt: skip
+    owned = owns.any(1).view(-1, 1, 1, 1)
+    value = torch.where(owned, final.index_select(0, owner).to(pool.dtype),
+                        pool.index_select(0, target))  # fmt: skip
+    pool.index_copy_(0, target, value)
 
 
 def _total_chunks(call: launch.Call, chunk: int) -> int:
@@ -367,10 +414,6 @@ def _validate(
     n_seqs = n_seqs if varlen else B
     max_seqlen = _check_max_seqlen(max_seqlen, T, varlen)
     pool = _check_pool_indices(initial_state_indices, initial_state_indices_cpu, n_seqs, device)
-    if pool and output_chunk_states:
-        _fail("initial_state_indices", "cannot be combined with output_chunk_states (state "
-                                       "pools are served by the recurrent form, chunk states "
-                                       "by the chunked one)")  # fmt: skip
     if pool and (padded_head_dim(K), padded_head_dim(V)) != (K, V):
         _fail("initial_state_indices", f"a state pool needs kernel head dims {HEAD_DIMS} (K={K}, "
                                        f"V={V} would run zero-padded, on a copy of the pool: "
@@ -385,6 +428,10 @@ def _validate(
     if initial_state is not None:
         _check_tensor("initial_state", initial_state, state_shape, tuple(_STATE_DTYPES), device)
         state_dtype = _STATE_DTYPES[initial_state.dtype]
+        if as_pool and not initial_state.is_contiguous():
+            _fail("initial_state", "a state pool must be contiguous: it is written in place, "
+                                   "and the kernels would read a strided one through a copy "
+                                   "(the writes lost)")  # fmt: skip
     _check_no_grad(zip(_GRAD_ARGS, (q, k, v, g, beta, initial_state, A_log, dt_bias), strict=True))
 
     fields = dict(

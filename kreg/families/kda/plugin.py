@@ -38,9 +38,6 @@ def accepts(problem: LinearAttentionProblem) -> Verdict:
     return Verdict.check(
         (problem.gate == "per_channel",
          f"gate={problem.gate!r}: KDA gates are per-channel (broadcast a scalar gate over K)"),
-        (not problem.state_pool,
-         "state_pool: the chunked kernels read [N, HV, K, V] states; pools (initial_state_indices) "
-         "are served by kda.recurrent"),
         (max(problem.head_dim_k, problem.head_dim_v) <= specs.MAX_HEAD_DIM,
          f"head dims K={problem.head_dim_k}, V={problem.head_dim_v}: at most "
          f"{specs.MAX_HEAD_DIM} (smaller ones run zero-padded to {specs.HEAD_DIMS})"),
@@ -87,8 +84,15 @@ def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target
     # the safe anchor runs the block anchor's code on gates within its span: the same cost
     units = waves * steps * (1.0 + width) + 0.01 * spec.tile.num_warps
     fixup_us = recurrent.LAUNCH_US if spec.tile.anchor == "safe" else 0.0  # the fixup kernel
-    # microseconds, as recurrent's, with the same state traffic
-    return SPLIT_FIXED_US + fixup_us + SPLIT_UNIT_US * units + recurrent.state_traffic_us(problem)
+    # microseconds, as recurrent's, with the same state traffic; a pool's slots are gathered
+    # into a buffer and scattered back (api._gather_slots): about two more passes, two launches
+    pool_us = (
+        2 * (recurrent.state_traffic_us(problem) + recurrent.LAUNCH_US)
+        if problem.state_pool
+        else 0.0
+    )
+    return (SPLIT_FIXED_US + fixup_us + SPLIT_UNIT_US * units + recurrent.state_traffic_us(problem)
+            + pool_us)  # fmt: skip
 
 
 def fused_cost(spec: specs.KdaChunkFusedSpec, problem: LinearAttentionProblem, target) -> float:

@@ -155,15 +155,15 @@ def resident_programs(spec: KdaRecurrentSpec, target: Target) -> int:
 # The longest sequence the estimate below is trusted for: the kda-decode scenario measures 1 and
 # 4 tokens per sequence. Past it the estimate is an extrapolation of uncalibrated constants (it
 # chose the recurrence for 3,936-token prefills, and flipped back and forth between the forms
-# from 46 to 64 tokens), so an unpooled problem goes to the chunked form; a pooled one, which
-# only this candidate serves, and a pinned call are unaffected.
+# from 46 to 64 tokens), so a longer problem goes to the chunked form (a pool too: it gathers
+# and scatters the slots); a pinned call is unaffected.
 TRUSTED_MAX_TOKENS = 16
 
 
 def recurrent_cost(spec: KdaRecurrentSpec, problem, target: Target) -> float:
     """Estimated microseconds: one launch, waves of chains as long as the longest sequence in
     tokens (``problem.longest_seq``), the state traffic; infinite past ``TRUSTED_MAX_TOKENS``."""
-    if problem.longest_seq > TRUSTED_MAX_TOKENS and not problem.state_pool:
+    if problem.longest_seq > TRUSTED_MAX_TOKENS:
         return math.inf
     programs = problem.num_seqs * problem.heads_v * (problem.head_dim_v // spec.block_v)
     waves = -(-programs // (resident_programs(spec, target) * target.compute_units))
