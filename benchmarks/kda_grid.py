@@ -4,6 +4,8 @@
     python benchmarks/kda_grid.py sweep --out DIR/sweep.json [--deadline-s 540] [--workers 14]
     python benchmarks/kda_grid.py fit SWEEP.json [--out kreg/dispatch/kda_model.json]
     python benchmarks/kda_grid.py validate SWEEP.json [--bench RESULTS.json] [--out docs/kda]
+    python benchmarks/kda_grid.py part K N                  # kreg bench --cases of part K of N
+    python benchmarks/kda_grid.py merge A.json B.json --out DIR   # one results.json of the parts
 
 ``sweep`` writes SWEEP.json after every shape and stops cleanly before ``--deadline-s`` seconds
 from its start (compiling takes at most half of them), and copies Triton's autotuning results
@@ -97,6 +99,32 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_part(args) -> int:
+    from kreg.families.kda import grid
+
+    print(" ".join(grid.head_part(args.part, args.parts)))
+    return 0
+
+
+def cmd_merge(args) -> int:
+    from pathlib import Path
+
+    from kreg import bench
+    from kreg.families.kda import grid
+
+    merged = bench.merge_results([json.loads(Path(p).read_text()) for p in args.results])
+    measured = {c["name"] for c in merged["cases"]}
+    missing = [c.name for c in grid.cases() if c.name not in measured]
+    merged.pop("not_measured", None)
+    if missing:  # the grid's cases no part measured, the parts' cut ones included
+        merged["not_measured"] = missing
+    bench.write_json(merged, args.out)
+    for kind, p in bench.render(Path(args.out) / "results.json").items():
+        print(f"wrote {p} ({kind})")
+    print(f"{len(measured)} cases measured, {len(missing)} not")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -123,9 +151,15 @@ def main(argv=None) -> int:
     p.add_argument("sweep")
     p.add_argument("--bench", help="a `kreg bench kda-grid` results.json to summarise too")
     p.add_argument("--out", default="docs/kda")
+    p = sub.add_parser("part")
+    p.add_argument("part", type=int)
+    p.add_argument("parts", type=int)
+    p = sub.add_parser("merge")
+    p.add_argument("results", nargs="+", help="`kreg bench kda-grid` results.json of the parts")
+    p.add_argument("--out", required=True, help="folder for the merged results.json")
     args = ap.parse_args(argv)
-    return {"plan": cmd_plan, "sweep": cmd_sweep, "fit": cmd_fit,
-            "validate": cmd_validate}[args.cmd](args)  # fmt: skip
+    return {"plan": cmd_plan, "sweep": cmd_sweep, "fit": cmd_fit, "validate": cmd_validate,
+            "part": cmd_part, "merge": cmd_merge}[args.cmd](args)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -936,6 +936,41 @@ def _refs_by(cases) -> dict[tuple[str, ...], list[str]]:
     return by
 
 
+def merge_results(parts: Sequence[dict]) -> dict:
+    """One results dict from the runs of one scenario's disjoint case subsets (a scenario too
+    large for one device call, run in parts on the same machine kind and software): cases in
+    the parts' order, ``not_measured`` what no part measured, times summed. Parts of different
+    scenarios, devices or software versions are refused: their ratios would not compare."""
+    if not parts:
+        raise ResultsError("nothing to merge")
+    parts = [validate_results(p) for p in parts]
+    first = parts[0]
+    for p in parts[1:]:
+        for field in ("scenario", "quick"):
+            if p.get(field) != first.get(field):
+                raise ResultsError(f"parts differ in {field!r}: {first.get(field)!r} vs "
+                                   f"{p.get(field)!r}")  # fmt: skip
+        for field in ("target", "device", "triton", "torch", "cuda"):
+            if p["key"].get(field) != first["key"].get(field):
+                raise ResultsError(f"parts differ in key.{field}: {first['key'].get(field)!r} "
+                                   f"vs {p['key'].get(field)!r}")  # fmt: skip
+    cases = [c for p in parts for c in p["cases"]]
+    names = [c["name"] for c in cases]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ResultsError(f"cases in more than one part: {twice}")
+    merged = dict(first, cases=cases)
+    merged["elapsed_s"] = sum(p.get("elapsed_s") or 0.0 for p in parts)
+    merged["parts"] = [{"date": p["key"].get("date"), "elapsed_s": p.get("elapsed_s"),
+                        "cases": len(p["cases"]), "precompile": p.get("precompile")}
+                       for p in parts]  # fmt: skip
+    left = [n for p in parts for n in p.get("not_measured", []) if n not in set(names)]
+    merged.pop("not_measured", None)
+    if left:
+        merged["not_measured"] = list(dict.fromkeys(left))
+    return merged
+
+
 def validate_results(results: Any) -> dict:
     """``results`` if it has the shape :func:`markdown` reads, else :class:`ResultsError`."""
     if not isinstance(results, dict):

@@ -428,3 +428,40 @@ def test_grid_bench_runs_on_gpu(tmp_path):
                    deadline_s=300)  # fmt: skip
     assert [c["name"] for c in res["cases"]] == [c.name for c in cases]
     assert all(r.get("ms") for c in res["cases"] for r in c["rows"])
+
+
+# --- the grid in parts (one device call each) and their merge --------------------------------------
+
+
+def test_head_parts_cover_the_grid_once():
+    parts = [grid.head_part(k, 2) for k in (1, 2)]
+    for s in grid.shapes():
+        hits = [k for k, pats in enumerate(parts) if any(p in s.name for p in pats)]
+        assert len(hits) == 1, s.name
+    with pytest.raises(ValueError, match="part 3 of 2"):
+        grid.head_part(3, 2)
+
+
+def _part_results(names, **key):
+    from kreg import bench
+
+    return {"scenario": "kda-grid", "quick": True, "elapsed_s": 10.0,
+            "key": {"target": "sm90", "device": "H200", "triton": "3.6.0", "torch": "2.11",
+                    "cuda": "13.0", **key},
+            "cases": [{"name": n, "rows": [], "pairs": [], "skipped": [], "notes": [], "tags": []}
+                      for n in names],
+            "not_measured": [], "meta": {}, "budget": attrs.asdict(bench.QUICK_BUDGET)}  # fmt: skip
+
+
+def test_merge_joins_parts_and_refuses_mixed_runs():
+    from kreg import bench
+
+    a, b = _part_results(["x", "y"]), _part_results(["z"])
+    b["not_measured"] = ["w"]
+    m = bench.merge_results([a, b])
+    assert [c["name"] for c in m["cases"]] == ["x", "y", "z"] and m["not_measured"] == ["w"]
+    assert m["elapsed_s"] == 20.0 and len(m["parts"]) == 2
+    with pytest.raises(bench.ResultsError, match="key.triton"):
+        bench.merge_results([a, _part_results(["z"], triton="3.7.0")])
+    with pytest.raises(bench.ResultsError, match="more than one part"):
+        bench.merge_results([a, _part_results(["y"])])

@@ -372,6 +372,17 @@ def shape_named(name: str) -> GridShape:
     raise KeyError(f"no grid shape {name!r}")
 
 
+def head_part(part: int, parts: int) -> list[str]:
+    """Case-name patterns of one of ``parts`` disjoint parts of the grid, by head configuration
+    (every ``parts``-th of ``HEADS``): the peer autotunes per head configuration in the
+    measuring process, so each part pays for its own configurations only and a part fits one
+    device call (``scripts/device_grid.sh``; ``benchmarks/kda_grid.py merge`` joins the runs)."""
+    if not 1 <= part <= parts:
+        raise ValueError(f"part {part} of {parts}: expected 1 to {parts}")
+    return [f"-h{H}x{HV}-d{K}x{V}" for i, (H, HV, K, V) in enumerate(HEADS)
+            if i % parts == part - 1]  # fmt: skip
+
+
 def bench_warm_jobs(bench_cases, target="sm90") -> list[tuple]:
     """The bench's compile plan: each kreg kernel and each fla class once, on its smallest case
     (one job per case: its kreg rows, then one per fla class)."""
