@@ -5,17 +5,9 @@
 #   OUT=... bash scripts/device_grid.sh 1     # then, in the next call: ... 2
 # and here:  python benchmarks/kda_grid.py merge P1/results.json P2/results.json --out docs/kda/grid
 set -uo pipefail
-cd "$(dirname "$0")/.."
 part="${1:?usage: device_grid.sh PART [PARTS]}"
 parts="${2:-2}"
-OUT="${OUT:-gpu_out}"
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
-    export PYTHONPATH="/tmp/site:$PYTHONPATH"
-fi
-export FLA_DISABLE_BACKEND_DISPATCH=1 PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_env.sh"
 # shellcheck disable=SC2046  # one case pattern per word
 timeout "${GRID_TIMEOUT:-570}" python3 -m kreg bench kda-grid --quick --no-progress --workers 14 \
   --deadline-s "${GRID_DEADLINE:-540}" --out "$OUT/grid-$part" \

@@ -3,15 +3,7 @@
 # attrs and pytest; fla-core travels as a wheel in .whl/ when present): the gpu-marked tests, then
 # the case-study probes. Logs and JSON under ${OUT:-gpu_out}.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT="${OUT:-gpu_out}"
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
-    export PYTHONPATH="/tmp/site:$PYTHONPATH"
-fi
-export FLA_DISABLE_BACKEND_DISPATCH=1 PYTHONUNBUFFERED=1
+source "$(dirname "$0")/gpu_env.sh"
 # tests in parallel processes where pytest-xdist is there: the lane is compile-bound
 par=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${GPU_LANE_WORKERS:-4}")
 timeout "${GPU_LANE_TIMEOUT:-380}" python3 -m pytest -m gpu -q -rP $par -p no:cacheprovider \

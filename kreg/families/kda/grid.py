@@ -374,12 +374,13 @@ def shape_named(name: str) -> GridShape:
 
 def head_part(part: int, parts: int) -> list[str]:
     """Case-name patterns of one of ``parts`` disjoint parts of the grid, by head configuration
-    (every ``parts``-th of ``HEADS``): the peer autotunes per head configuration in the
-    measuring process, so each part pays for its own configurations only and a part fits one
-    device call (``scripts/device_grid.sh``; ``benchmarks/kda_grid.py merge`` joins the runs)."""
+    (every ``parts``-th of ``HEADS``; no leading dash, which argparse would read as an option):
+    the peer autotunes per head configuration in the measuring process, so each part pays for
+    its own configurations only and a part fits one device call (``scripts/device_grid.sh``;
+    ``benchmarks/kda_grid.py merge`` joins the runs)."""
     if not 1 <= part <= parts:
         raise ValueError(f"part {part} of {parts}: expected 1 to {parts}")
-    return [f"-h{H}x{HV}-d{K}x{V}" for i, (H, HV, K, V) in enumerate(HEADS)
+    return [f"h{H}x{HV}-d{K}x{V}" for i, (H, HV, K, V) in enumerate(HEADS)
             if i % parts == part - 1]  # fmt: skip
 
 
