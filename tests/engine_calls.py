@@ -30,8 +30,11 @@ repositories, the commits the code index served):
   function); ``sglang_decode`` is that step written against fla 0.6.0's
   ``fused_recurrent_kda`` with the pool, which is what an SGLang integrator would call.
 
-``KNOWN_GAPS`` names the calls kreg's shim does not serve yet, with the reason; the lanes
-mark them ``xfail(strict=True)`` so that serving them turns the mark into a failure to remove.
+Each call names the library whose signatures it is written against (``EngineCall.library``):
+the replay runs it on ``kreg.compat.<library>`` (``kreg.compat.sglang`` for SGLang's own
+``chunk_kda``). ``KNOWN_GAPS`` names the calls kreg's shims do not serve yet, with the reason
+(none today); the lanes mark them ``xfail(strict=True)`` so that serving them turns the mark
+into a failure to remove.
 """
 
 from __future__ import annotations
@@ -83,6 +86,13 @@ class EngineCall:
     v_first: bool  # pool layout [P, HV, V, K]
     q_layout: str  # "conv_transposed", "split_rows" or "contiguous"
     source: str
+    library: str = "fla"  # whose signatures the engine calls: kreg.compat.<library> serves it
+
+    def shim(self):
+        """The kreg module the integrator imports instead (one import change)."""
+        import importlib
+
+        return importlib.import_module(f"kreg.compat.{self.library}")
 
 
 # --- engine-layout tensors --------------------------------------------------------------------
@@ -213,7 +223,7 @@ CALLS = {
         EngineCall("vllm.decode", "fused_recurrent_kda", step_vllm_decode, "activated", "prob",
                    False, "contiguous", VLLM),
         EngineCall("sglang.extend", "chunk_kda", step_sglang_extend, "raw", "prob", True,
-                   "conv_transposed", SGLANG),
+                   "conv_transposed", SGLANG, library="sglang"),
         EngineCall("sglang.extend_fla", "chunk_kda", step_sglang_extend_fla, "raw", "prob",
                    True, "conv_transposed", SGLANG + " (on fla 0.6.0's signature)"),
         EngineCall("sglang.decode", "fused_recurrent_kda", step_sglang_decode, "raw", "logit",
@@ -254,13 +264,7 @@ def batches(K=32, H=1, HV=2, prefill=(5, 1, 14), decode=4):
 
 
 # calls kreg's shim does not serve yet: (call, batch id) -> (exception, reason)
-KNOWN_GAPS = {
-    ("sglang.extend", "varlen"): (
-        TypeError,
-        "SGLang's chunk_kda signature: initial_state_indices (pool in place), "
-        "output_intermediate_states, A_log without use_gate_in_kernel, returns o only",
-    ),
-}
+KNOWN_GAPS: dict = {}
 
 
 # --- what the engine expects: float64 -----------------------------------------------------------
