@@ -1,6 +1,7 @@
-"""``kda.recurrent`` on a GPU: CUDA graph capture on a state pool, fla's ``fused_recurrent_kda``
-on the same inputs (when fla-core is importable), the float64 oracle at K = V = 128 bf16, and
-the JIT's kernel against the AOT build. One short run:
+"""``kda.recurrent`` on a GPU: CUDA graph capture on a state pool (and the chunked form's
+pooled prefill, its gather and scatter), fla's ``fused_recurrent_kda`` on the same inputs (when
+fla-core is importable), the float64 oracle at K = V = 128 bf16, and the JIT's kernel against
+the AOT build. One short run:
 
     python -m pytest tests/test_kda_recurrent_gpu.py -q
 """
@@ -36,12 +37,13 @@ def rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def test_graph_captured_pool_step_equals_eager():
+@pytest.mark.parametrize("T", [1, 64])  # 64: the chunked form, its gather and scatter captured
+def test_graph_captured_pool_step_equals_eager(T):
     import torch
 
     from kreg.families.kda import kda_prefill
 
-    x = inputs()
+    x = inputs(T=T)
     pool = 0.1 * torch.randn(3 * N, HV, K, K, device="cuda")
     idx = torch.randperm(3 * N, device="cuda")[:N]  # int64: no conversion kernel
     idx[1] = -1  # a padding slot
