@@ -964,7 +964,8 @@ def merge_results(parts: Sequence[dict]) -> dict:
     merged["parts"] = [{"date": p["key"].get("date"), "elapsed_s": p.get("elapsed_s"),
                         "cases": len(p["cases"]), "precompile": p.get("precompile")}
                        for p in parts]  # fmt: skip
-    left = [n for p in parts for n in p.get("not_measured", []) if n not in set(names)]
+    measured = set(names)
+    left = [n for p in parts for n in p.get("not_measured", []) if n not in measured]
     merged.pop("not_measured", None)
     if left:
         merged["not_measured"] = list(dict.fromkeys(left))
