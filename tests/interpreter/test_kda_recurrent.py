@@ -310,9 +310,10 @@ def test_repeated_negative_slots_are_fine_and_a_host_copy_is_checked():
             initial_state_indices_cpu=torch.tensor([0, 9]))  # fmt: skip
     with pytest.raises(ValueError, match="^initial_state: the state pool"):
         rec(x, initial_state_indices=torch.tensor([0, 1]))
-    with pytest.raises(ValueError, match="^initial_state_indices: cannot be combined"):
-        api.kda_prefill(**x, initial_state=pool, initial_state_indices=torch.tensor([0, 1]),
-                        output_chunk_states=True)  # fmt: skip
+    # chunk states with a pool: the chunked form serves them (the recurrence has none)
+    o, ret, hs = api.kda_prefill(**x, initial_state=pool, initial_state_indices=torch.tensor([0, 1]),
+                                 output_chunk_states=True)  # fmt: skip
+    assert ret is pool and hs.shape == (2, 2, 32, 32)
     with pytest.raises(ValueError, match="^initial_state_indices_cpu: given without"):
         rec(x, initial_state_indices_cpu=torch.tensor([0, 1]))
 
