@@ -330,9 +330,12 @@ fitted on the fit cases only, so the holdout rows measure it out of sample). No 
 spec variants: the spec sweep is `benchmarks/kda_grid.py sweep`, its validation docs/kda/GRID.md.
 
 ```
-kreg bench kda-grid --quick --workers 14 --deadline-s 540 --out DIR   # one H200 call
-kreg bench --render DIR/results.json --out docs/kda/grid
+OUT=P1 bash scripts/device_grid.sh 1; OUT=P2 bash scripts/device_grid.sh 2   # two H200 calls
+python benchmarks/kda_grid.py merge P1/grid-1/results.json P2/grid-2/results.json --out docs/kda/grid
 ```
+
+(One call does not hold the whole grid: fla autotunes each head configuration in the measuring
+process, so each part takes half of the configurations.)
 """
 
 
