@@ -328,6 +328,20 @@ def prepared(args: dict, **kwargs):
     return api._prepare(**{**full, **args, **kwargs})
 
 
+def test_segments_are_planned_for_the_longest_sequence(no_launch):
+    """NSEG (segments per sequence, and so the workspace) counts the longest sequence of the
+    host offsets, not the packed length: one 300-token sequence among short ones gets 3
+    segments of 8 chunks of 16, not the 5 its 600 packed tokens would give every sequence."""
+    from kreg.families.kda.runtime_args import segment_count
+
+    cu = torch.tensor([0, 300, 400, 500, 600])
+    _, c = prepared(make(T=600), cu_seqlens=cu)
+    assert launch._scan_scalars(c, 16, 8)["NSEG"] == segment_count(300, 16, 8) == 3
+    assert segment_count(600, 16, 8) == 5
+    _, fixed = prepared(make(B=2, T=300))
+    assert launch._scan_scalars(fixed, 16, 8)["NSEG"] == 3
+
+
 _PREPARE_DEFAULTS = dict(
     output_final_state=False, gate_lower_bound=-5.0, gate_activation="none",
     use_qk_l2norm=False, use_beta_sigmoid=False, state_layout="kv", output_chunk_states=False,

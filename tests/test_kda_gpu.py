@@ -195,6 +195,32 @@ def test_segmented_scan_accuracy(seg, record_property):
     assert rel_rms(hs, shs) <= MAX_REL_RMS
 
 
+def test_segmented_varlen_one_long_among_short(record_property):
+    """Segments planned for the longest of the host offsets (5000 tokens among short ones and
+    an empty one); and the same launch on offsets with a longer sequence than planned (a graph
+    replayed on new offsets), whose last planned segment runs the rest: both agree with the
+    serial scan and the float64 oracle."""
+    lens = [5000, 37, 0, 611, 1, 1400]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    x = make(1, int(cu[-1]), 4, seed=14)
+    h0 = initial_state(len(lens), 4)
+    kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu.cuda(), cu_seqlens_cpu=cu)
+    problem, call = api._prepare(**x, **{**_PREPARE_DEFAULTS, **kw})
+    sel = select(problem, "sm90")
+    spec = attrs.evolve(sel.spec, scan=attrs.evolve(sel.spec.scan, segment_chunks=16))
+    assert sel.candidate.is_valid(spec, sel.target, problem).ok
+    serial = api.run_selection(attrs.evolve(sel, spec=attrs.evolve(
+        spec, scan=attrs.evolve(spec.scan, segment_chunks=0))), call, problem)  # fmt: skip
+    short = torch.tensor([0, 1024, 1024], dtype=torch.int64)  # plans 1024 / (16 chunks) tokens
+    ro, rh = token_serial_f64(**x, initial_state=h0, cu_seqlens=cu)
+    for name, c in (("planned", call), ("replayed", attrs.evolve(call, cu_seqlens_host=short))):
+        o, ht = api.run_selection(attrs.evolve(sel, spec=spec), c, problem)[:2]
+        eo, eh = rel_rms(o, ro), rel_rms(ht, rh)
+        report(record_property, f"{name}_o_rel_rms", eo)
+        assert eo <= MAX_REL_RMS and eh <= MAX_REL_RMS, (name, eo, eh)
+        assert rel_rms(o, serial[0]) <= MAX_REL_RMS and rel_rms(ht, serial[1]) <= MAX_REL_RMS
+
+
 @pytest.mark.parametrize("t", [1000, 2047, 2048], ids=["inside-chunk", "chunk-end", "chunk-start"])
 def test_causality_bitwise(t):
     x = make(1, 4096, 8, seed=4)

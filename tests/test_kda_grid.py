@@ -130,6 +130,23 @@ def test_workspace_bound_excludes_many_sequence_segments(target):
                for _, s in model.pool(p, target))  # fmt: skip
 
 
+def test_one_long_sequence_among_short_ones_keeps_segmented_roles(target):
+    """The workspace counts each sequence's segments as the longest one has them (as the launch
+    plans them): one 30,000-token sequence among 20 short ones at 8 heads then fits, where the
+    packed length (21 sequences x 41,376 tokens' segments) priced segments out of the pool."""
+    from kreg.families.kda.runtime_args import segment_count
+
+    shape = next(x for x in grid.shapes() if x.kind == "one_long" and x.HV <= 8)
+    p = grid.problem_of(shape)
+    segmented = [s for _, s in model.pool(p, target) if s.scan.segment_chunks]
+    assert segmented
+    for s in segmented:
+        n_seg = segment_count(p.longest_seq, s.tile.chunk, s.scan.segment_chunks)
+        assert n_seg < segment_count(p.seq_len, s.tile.chunk, s.scan.segment_chunks)
+        K, V = p.head_dim_k, p.head_dim_v
+        assert model.workspace_bytes(s, p) == p.num_seqs * n_seg * p.heads_v * K * (K + 2 * V) * 4
+
+
 # --- a synthetic sweep ----------------------------------------------------------------------------
 
 SEG_ROLE, FLAT_ROLE = "c32.narrow.w2s2.seg64", "c16.wide.w4s3.seg0"

@@ -72,9 +72,12 @@ def run(
     fused=False,
     segment_chunks=0,
     looped=False,
+    host_offsets=None,
     **kw,
 ):
-    """``kda_prefill``, or (with ``chunk``) the same call with its spec pinned to that chunk.
+    """``kda_prefill``, or (with ``chunk``) the same call with its spec pinned to that chunk;
+    ``host_offsets`` replaces the call's host copy of ``cu_seqlens`` (what a graph captured on
+    other offsets would have planned with).
 
     Pinned runs also serve K != V (see ``test_unequal_head_dims_through_the_public_entry``):
     the spec picked for the problem gets the
@@ -86,6 +89,8 @@ def run(
         return api.kda_prefill(**x, **kw)
     opts = {**_PREFILL_DEFAULTS, **x, **kw}
     problem, call = api._prepare(**{name: opts[name] for name in _PREPARE_ARGS})
+    if host_offsets is not None:
+        call = attrs.evolve(call, cu_seqlens_host=host_offsets)
     V = problem.head_dim_v
     square = attrs.evolve(problem, head_dim_v=problem.head_dim_k)
     sel = select(square, TARGET, algorithm="kda.fused" if fused else "kda.split")
@@ -591,6 +596,27 @@ def test_segmented_scan_matches_oracles_and_serial_scan(seg, varlen):
         assert_close(a, (b,), TOL[FP16], f"segmented vs serial {what}")
     if varlen:
         assert_equal(ht[1], h0[1], "zero-length sequence's state")
+
+
+@pytest.mark.parametrize("planned", [1, 2])
+def test_a_sequence_longer_than_the_segments_planned_runs_on_in_the_last(planned):
+    """NSEG is planned from the host offsets' longest sequence; a captured graph replayed on
+    offsets with a longer one (90 tokens: 6 chunks of 16, 3 segments of 2) runs the chunks past
+    the planned segments in the last one. One planned segment is the serial scan bit for bit;
+    two agree with it and with the oracles."""
+    x = make(B=1, T=100, H=1, HV=2, K=32, V=32, seed=28)
+    cu = torch.tensor([0, 90, 100])
+    h0 = state(2, 2, 32, 32, seed=3)
+    kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    host = torch.tensor([0, 32 * planned, 32 * planned], dtype=torch.int64)
+    got = run(x, chunk=16, segment_chunks=2, host_offsets=host, **kw)
+    serial = run(x, chunk=16, **kw)
+    for what, a, b in zip(_OUTPUTS[:2], got[:2], serial[:2], strict=True):
+        if planned == 1:
+            assert_equal(a, b, f"one planned segment vs serial {what}")
+        else:
+            assert_close(a, (b,), TOL[FP16], f"two planned segments vs serial {what}")
+    check_vs_oracles(x, got[0], got[1], chunk=16, initial_state=h0, cu_seqlens=cu)
 
 
 def test_segmented_scan_vk_layout_and_no_initial_state():

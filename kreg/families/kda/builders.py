@@ -189,7 +189,7 @@ def build_kda_chunk_fused(
 
 
 def _scan_scalars(spec: KdaScanSpec, shape: LaunchShape) -> dict:
-    return scan_scalars(shape.T, shape.HV, spec.chunk, spec.segment_chunks)
+    return scan_scalars(shape.T, shape.HV, spec.chunk, spec.segment_chunks, shape.longest)
 
 
 _SEGMENT = {"seq_chunk": "*i32", "cu_seqlens": "*i64", "T": "i32", "HV": "i32", "NSEG": "i32"}

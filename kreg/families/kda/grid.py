@@ -270,7 +270,9 @@ def kernel_keys(problem, spec) -> set[tuple]:
 
     T, H, HV = problem.seq_len, problem.heads_qk, problem.heads_v
     ints = (_int_class(T), _int_class(H), _int_class(HV))
-    nseg = _int_class(segment_count(T, spec.tile.chunk, spec.scan.segment_chunks))
+    nseg = _int_class(
+        segment_count(problem.longest_seq, spec.tile.chunk, spec.scan.segment_chunks)
+    )  # as launch._scan_scalars
     launches = [(prep_launch(spec.tile), ints), (scan_launch(spec.scan), ints[::2] + (nseg,))]
     if fixup_launch(spec.tile) is not None:
         launches.append((fixup_launch(spec.tile), ints))

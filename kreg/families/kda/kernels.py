@@ -445,11 +445,13 @@ def _recurrence(
     last = True
     if SEG > 0:  # this program's segment; its start state comes from the combine kernel
         seg = tl.program_id(2)
-        n_seg = tl.cdiv(c1 - c0, SEG)
+        # NSEG is planned from the longest sequence the host saw; a longer one (a captured
+        # graph replayed on new offsets) runs its chunks past NSEG segments in the last one
+        n_seg = tl.minimum(tl.cdiv(c1 - c0, SEG), NSEG)
         last = seg == tl.maximum(n_seg, 1) - 1  # an empty sequence: segment 0 keeps h0
         tok_start += seg * SEG * C
         c0 = c0 + seg * SEG
-        c1 = tl.minimum(c1, c0 + SEG)
+        c1 = tl.where(seg == NSEG - 1, c1, tl.minimum(c1, c0 + SEG))
         s = tl.load(_state_ptrs(h0, (seq * NSEG + seg) * HV + hv, K, V, BV, v0, False))
     elif USE_H0:
         s = tl.load(_state_ptrs(h0, pid_s, K, V, BV, v0, STATE_VK)).to(tl.float32)
@@ -720,7 +722,7 @@ def kda_segment_combine_kernel(
     else:
         s = tl.zeros((K, BV), dtype=tl.float32)
     kk = tl.arange(0, K)
-    for seg in tl.range(0, tl.cdiv(c1 - c0, SEG)):
+    for seg in tl.range(0, tl.minimum(tl.cdiv(c1 - c0, SEG), NSEG)):  # see _recurrence
         idx = (seq * NSEG + seg) * HV + hv
         tl.store(_state_ptrs(seg_start, idx, K, V, BV, v0, False), s)
         base = seg_map + idx.to(tl.int64) * (K * (K + V)) + kk[:, None] * (K + V)

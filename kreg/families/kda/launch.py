@@ -166,14 +166,15 @@ def run_scan(call: Call, tile, scan, tables, tiles, seg_map=None):
     """The scan (and, with segments, its map and combine kernels) over stored tiles;
     ``seg_map``: the segments' maps where already computed (``segment_maps``)."""
     seq_chunk = tables[0]
-    HV, V, T = call.v.shape[2], call.v.shape[-1], call.q.shape[1]
+    HV, V = call.v.shape[2], call.v.shape[-1]
     n_states = _n_states(call)
     o, ht, hs = _outputs(call)
     h0, seg = call.initial_state, scan.segment_chunks
-    scalars = scan_scalars(T, HV, tile.chunk, seg)  # NSEG is 1 without segments
+    scalars = _scan_scalars(call, tile.chunk, seg)  # NSEG is 1 without segments
     if seg:
         if seg_map is None:
             seg_map = segment_maps(call, tiles, scan, seq_chunk, n_states)
+        scalars["NSEG"] = seg_map.shape[1]  # the maps' (given ones planned for this call)
         h0 = segment_starts(call, seg_map, scan, seq_chunk, n_states, tile.fp32_dot)
     _launch(
         scan_launch(scan), (V // scan.block_v, n_states * HV, scalars["NSEG"]),
@@ -189,8 +190,9 @@ def segment_maps(call: Call, tiles, scan, seq_chunk, n_states: int):
     ``seq_chunk`` and ``call.cu_seqlens`` may start at any sequence (the first ``n_states``
     from there are mapped)."""
     HV, K, V = call.v.shape[2], call.k.shape[-1], call.v.shape[-1]
-    # runtime_args.segment_count: from shapes alone; segments past a sequence's end do nothing.
-    scalars = scan_scalars(call.q.shape[1], HV, scan.chunk, scan.segment_chunks)
+    # runtime_args.segment_count: for the longest sequence; segments past a sequence's end do
+    # nothing.
+    scalars = _scan_scalars(call, scan.chunk, scan.segment_chunks)
     n_seg = scalars["NSEG"]
     seg_map = torch.empty((n_states, n_seg, HV, K, K + V), dtype=torch.float32,
                           device=call.q.device)  # fmt: skip
@@ -209,9 +211,18 @@ def segment_starts(call: Call, seg_map, scan, seq_chunk, n_states: int, fp32_dot
     _launch(
         segment_combine_launch(scan, fp32_dot), (V // scan.block_v, n_states * HV),
         seg_map, starts, call.initial_state, seq_chunk, call.cu_seqlens,
-        **scan_scalars(call.q.shape[1], HV, scan.chunk, scan.segment_chunks),
+        **(_scan_scalars(call, scan.chunk, scan.segment_chunks) | {"NSEG": seg_map.shape[1]}),
     )  # fmt: skip
     return starts
+
+
+def _scan_scalars(call: Call, chunk: int, segment_chunks: int) -> dict:
+    """The scan kernels' scalars, NSEG planned for the longest sequence of the validated host
+    offsets, not the packed length, which gives every sequence as many segments as all of them
+    together hold (one 30,000-token sequence among 20 short ones: 21 each instead of 15)."""
+    cu = call.cu_seqlens_host
+    longest = None if cu is None or cu.numel() < 2 else max(1, int((cu[1:] - cu[:-1]).max()))
+    return scan_scalars(call.q.shape[1], call.v.shape[2], chunk, segment_chunks, longest)
 
 
 def run_fused(call: Call, spec):

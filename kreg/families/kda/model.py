@@ -45,8 +45,9 @@ RIDGES = (0.001, 0.003, 0.01, 0.03, 0.1)
 MIN_SHAPES = 4  # a role measured on fewer shapes gets no offset (it is not predicted)
 SMS = 132  # the H200's; two scan programs fit one SM
 # Sequence-parallel scans keep an affine map [K, K + V] and a start state [K, V] (fp32) per
-# segment of every sequence, counted from the packed length: with many short varlen sequences
-# that is gigabytes. Specs above this (or twice q + k + v) are neither swept nor predicted.
+# segment of every sequence, as many per sequence as the longest one holds: with many short
+# varlen sequences that is gigabytes. Specs above this (or twice q + k + v) are neither swept
+# nor predicted.
 WORKSPACE_FLOOR = 256 * 2**20
 
 
@@ -123,7 +124,7 @@ def workspace_bytes(spec, problem) -> int:
     from .runtime_args import segment_count
 
     K, V = _kernel_dims(problem)
-    n_seg = segment_count(problem.seq_len, spec.tile.chunk, seg)
+    n_seg = segment_count(problem.longest_seq, spec.tile.chunk, seg)  # as launch._scan_scalars
     return problem.num_seqs * n_seg * problem.heads_v * K * (K + 2 * V) * 4
 
 
@@ -197,7 +198,7 @@ def role_features(problem, spec) -> dict[str, float]:
         # combine, serial over the segments (as plugin.split_cost)
         chain = 2 * min(chunks, seg) + -(-chunks // seg)
         tokens = problem.batch * problem.seq_len
-        launched = problem.num_seqs * segment_count(problem.seq_len, c, seg)
+        launched = problem.num_seqs * segment_count(problem.longest_seq, c, seg)
         states = min(launched, -(-tokens // (c * seg)) + problem.num_seqs)  # non-empty ones
     else:
         chain, states = chunks, problem.num_seqs

@@ -20,6 +20,7 @@ class LaunchShape:
     T: int  # tokens per batch row (all packed tokens with varlen)
     H: int  # query / key heads
     HV: int  # value heads
+    longest: int | None = None  # varlen: the longest sequence's tokens (plans NSEG)
 
 
 # What goldens and a problem-less ``kreg build`` describe: the common production kernel, T a
@@ -34,13 +35,15 @@ def launch_shape(problem=None) -> LaunchShape:
     """The launch shape of a ``LinearAttentionProblem``, or the representative one for None."""
     if problem is None:
         return REPRESENTATIVE
-    return LaunchShape(T=problem.seq_len, H=problem.heads_qk, HV=problem.heads_v)
+    return LaunchShape(T=problem.seq_len, H=problem.heads_qk, HV=problem.heads_v,
+                       longest=problem.longest_seq if problem.varlen else None)  # fmt: skip
 
 
 def segment_count(T: int, chunk: int, segment_chunks: int) -> int:
-    """NSEG: scan segments per sequence, from shapes alone (no sequence spans more than T
-    tokens), so a captured CUDA graph stays right when a replay's offsets change; 1 without
-    segments."""
+    """NSEG: scan segments per sequence for sequences of at most T tokens (the longest one's
+    length where the host knows it, else the packed length); 1 without segments. A longer
+    sequence (a captured CUDA graph replayed on new offsets) stays right: its last segment runs
+    the chunks past NSEG segments (kernels._recurrence)."""
     if not segment_chunks:
         return 1
     n_chunks = -(-T // chunk)
@@ -52,9 +55,12 @@ def tile_scalars(T: int, H: int, HV: int, scale: float, lower_bound: float) -> d
     return dict(T=T, H=H, HV=HV, scale=scale, lower_bound=lower_bound)
 
 
-def scan_scalars(T: int, HV: int, chunk: int, segment_chunks: int) -> dict:
-    """Runtime scalars of the scan, segment map and segment combine kernels."""
-    return dict(T=T, HV=HV, NSEG=segment_count(T, chunk, segment_chunks))
+def scan_scalars(
+    T: int, HV: int, chunk: int, segment_chunks: int, longest: int | None = None
+) -> dict:
+    """Runtime scalars of the scan, segment map and segment combine kernels; ``longest``: the
+    longest sequence's tokens where known (varlen), which NSEG is planned for."""
+    return dict(T=T, HV=HV, NSEG=segment_count(longest or T, chunk, segment_chunks))
 
 
 def tile_scalars_of(shape: LaunchShape) -> dict:
