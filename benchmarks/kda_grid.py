@@ -6,6 +6,7 @@
     python benchmarks/kda_grid.py validate SWEEP.json [--bench RESULTS.json] [--out docs/kda]
     python benchmarks/kda_grid.py part K N                  # kreg bench --cases of part K of N
     python benchmarks/kda_grid.py merge A.json B.json --out DIR   # one results.json of the parts
+                                     [--supersede]  # later parts replace re-measured cases
 
 ``sweep`` writes SWEEP.json after every shape and stops cleanly before ``--deadline-s`` seconds
 from its start (compiling takes at most half of them), and copies Triton's autotuning results
@@ -112,7 +113,8 @@ def cmd_merge(args) -> int:
     from kreg import bench
     from kreg.families.kda import grid
 
-    merged = bench.merge_results([json.loads(Path(p).read_text()) for p in args.results])
+    merged = bench.merge_results([json.loads(Path(p).read_text()) for p in args.results],
+                                 supersede=args.supersede)  # fmt: skip
     measured = {c["name"] for c in merged["cases"]}
     missing = [c.name for c in grid.cases() if c.name not in measured]
     merged.pop("not_measured", None)
@@ -157,6 +159,11 @@ def main(argv=None) -> int:
     p = sub.add_parser("merge")
     p.add_argument("results", nargs="+", help="`kreg bench kda-grid` results.json of the parts")
     p.add_argument("--out", required=True, help="folder for the merged results.json")
+    p.add_argument(
+        "--supersede",
+        action="store_true",
+        help="a case in several parts is taken from the last (a re-measurement)",
+    )
     args = ap.parse_args(argv)
     return {"plan": cmd_plan, "sweep": cmd_sweep, "fit": cmd_fit, "validate": cmd_validate,
             "part": cmd_part, "merge": cmd_merge}[args.cmd](args)  # fmt: skip

@@ -889,6 +889,10 @@ def markdown(results: dict, plot_name: str | None = None) -> str:
     if results.get("not_measured"):
         lines += [f"**Deadline reached**: {len(results['not_measured'])} cases not measured "
                   f"({', '.join(results['not_measured'])}).", ""]  # fmt: skip
+    if results.get("superseded"):
+        lines += ["**Re-measured** (a later run replaced these cases' rows): " + ", ".join(
+            f"{s['case']} ({s['measured']} → {s['replaced_by']})" for s in results["superseded"]
+        ) + ".", ""]  # fmt: skip
     cases = results["cases"]
     prs = pair_rows(results)
     if prs:
@@ -936,11 +940,13 @@ def _refs_by(cases) -> dict[tuple[str, ...], list[str]]:
     return by
 
 
-def merge_results(parts: Sequence[dict]) -> dict:
+def merge_results(parts: Sequence[dict], supersede: bool = False) -> dict:
     """One results dict from the runs of one scenario's disjoint case subsets (a scenario too
     large for one device call, run in parts on the same machine kind and software): cases in
     the parts' order, ``not_measured`` what no part measured, times summed. Parts of different
-    scenarios, devices or software versions are refused: their ratios would not compare."""
+    scenarios, devices or software versions are refused: their ratios would not compare.
+    ``supersede``: a case in several parts is taken from the last (a re-measurement after a
+    change), the replaced runs' dates listed in ``superseded``; otherwise it is refused."""
     if not parts:
         raise ResultsError("nothing to merge")
     parts = [validate_results(p) for p in parts]
@@ -957,9 +963,21 @@ def merge_results(parts: Sequence[dict]) -> dict:
     cases = [c for p in parts for c in p["cases"]]
     names = [c["name"] for c in cases]
     twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
+    superseded = []
+    if twice and not supersede:
         raise ResultsError(f"cases in more than one part: {twice}")
+    if twice:
+        last = {c["name"]: i for i, p in enumerate(parts) for c in p["cases"]}
+        for i, p in enumerate(parts):
+            superseded += [{"case": c["name"], "measured": p["key"].get("date"),
+                            "replaced_by": parts[last[c["name"]]]["key"].get("date")}
+                           for c in p["cases"] if last[c["name"]] != i]  # fmt: skip
+        cases = [c for i, p in enumerate(parts) for c in p["cases"] if last[c["name"]] == i]
+        names = [c["name"] for c in cases]
     merged = dict(first, cases=cases)
+    merged.pop("superseded", None)
+    if superseded:
+        merged["superseded"] = superseded
     merged["elapsed_s"] = sum(p.get("elapsed_s") or 0.0 for p in parts)
     merged["parts"] = [{"date": p["key"].get("date"), "elapsed_s": p.get("elapsed_s"),
                         "cases": len(p["cases"]), "precompile": p.get("precompile")}

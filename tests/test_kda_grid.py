@@ -482,3 +482,16 @@ def test_merge_joins_parts_and_refuses_mixed_runs():
         bench.merge_results([a, _part_results(["z"], triton="3.7.0")])
     with pytest.raises(bench.ResultsError, match="more than one part"):
         bench.merge_results([a, _part_results(["y"])])
+
+
+def test_merge_supersede_keeps_the_last_measurement_and_says_so():
+    from kreg import bench
+
+    a, b = _part_results(["x", "y"], date="d1"), _part_results(["y", "z"], date="d2")
+    a["cases"][1]["notes"] = ["first run"]
+    m = bench.merge_results([a, b], supersede=True)
+    assert [c["name"] for c in m["cases"]] == ["x", "y", "z"]
+    assert next(c for c in m["cases"] if c["name"] == "y")["notes"] == []  # b's row
+    assert m["superseded"] == [{"case": "y", "measured": "d1", "replaced_by": "d2"}]
+    assert "**Re-measured**" in bench.markdown(m) and "y (d1 → d2)" in bench.markdown(m)
+    assert "superseded" not in bench.merge_results([a, _part_results(["z"])], supersede=True)
