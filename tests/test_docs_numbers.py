@@ -128,3 +128,22 @@ def test_case_study_section_1_is_the_run_it_names():
     for _, bh, split_ms, fused_ms, ratio in table:
         split, fused = by_bh_ms[(int(bh), split_ms)]
         assert f"{fused:.2f}" == fused_ms and f"{fused / split:.1f}" == ratio
+
+
+def test_speed_quotes_the_grid_run():
+    """SPEED.md's whole-grid figures (per pair: shapes, shapes at >= 1.0x, floor, geomean, and
+    the shapes below 1.0 with their ratios) are recomputed from docs/kda/grid/results.json."""
+    from kreg.families.kda.validate import bench_pairs
+
+    lines = (DOCS / "SPEED.md").read_text().splitlines()
+    text = " ".join(" ".join(line.removeprefix(">").split()) for line in lines)  # quotes wrap
+    prs = bench_pairs(json.loads((DOCS / "grid" / "results.json").read_text()))
+    for label in ("default", "bounded"):
+        xs = {p["name"]: p["x_fla"] for p in prs if p["pair"] == label and p["x_fla"]}
+        geomean = math.exp(sum(map(math.log, xs.values())) / len(xs))
+        at_least_1 = sum(x >= 1.0 for x in xs.values())
+        assert (f"{len(xs)} shapes, {at_least_1} at ≥ 1.0×, floor {min(xs.values()):.2f}, "
+                f"geomean {geomean:.2f}") in text, label  # fmt: skip
+        for name, x in xs.items():
+            if x < 1.0:
+                assert re.search(rf"{re.escape(name)} \([^)]*\b{x:.2f}\b", text), (label, name)
