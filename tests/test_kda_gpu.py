@@ -195,6 +195,20 @@ def test_segmented_scan_accuracy(seg, record_property):
     assert rel_rms(hs, shs) <= MAX_REL_RMS
 
 
+def test_segmented_scan_at_head_dim_256(record_property):
+    """K = 256 runs the segment combine in row blocks of the [K, K] map (specs.COMBINE_BLOCK_K):
+    against the serial scan and the float64 oracle, with an initial state and two sequences."""
+    x = make(2, 3000, 2, K=256, V=256, seed=15)
+    h0 = initial_state(2, 2, K=256, V=256)
+    o, ht = run_pinned(x, segment_chunks=16, initial_state=h0, output_final_state=True)[:2]
+    so, sht = run_pinned(x, initial_state=h0, output_final_state=True)[:2]
+    ro, rh = token_serial_f64(**x, initial_state=h0)
+    eo, eh = rel_rms(o, ro), rel_rms(ht, rh)
+    report(record_property, "segmented_d256_o_rel_rms", eo)
+    assert eo <= MAX_REL_RMS and eh <= MAX_REL_RMS, (eo, eh)
+    assert rel_rms(o, so) <= MAX_REL_RMS and rel_rms(ht, sht) <= MAX_REL_RMS
+
+
 def test_segmented_varlen_one_long_among_short(record_property):
     """Segments planned for the longest of the host offsets (5000 tokens among short ones and
     an empty one); and the same launch on offsets with a longer sequence than planned (a graph

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from kreg.dispatch import select
-from kreg.families.kda import api
+from kreg.families.kda import api, launch
+from kreg.families.kda import specs as kspecs
 from kreg.families.kda.oracles import (
     gate_sigmoid_bound,
     gate_softplus,
@@ -596,6 +597,30 @@ def test_segmented_scan_matches_oracles_and_serial_scan(seg, varlen):
         assert_close(a, (b,), TOL[FP16], f"segmented vs serial {what}")
     if varlen:
         assert_equal(ht[1], h0[1], "zero-length sequence's state")
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["fixed", "varlen"])
+def test_row_blocked_segment_combine_equals_the_whole_map(monkeypatch, varlen):
+    """The combine in row blocks of the [K, K] map (how K = 256 runs it), here K = 32 in blocks
+    of 16, against the whole-map combine: the same start states, so the same outputs."""
+    x = make(B=1 if varlen else 2, T=100, H=1, HV=2, K=32, V=32, seed=29)
+    cu = torch.tensor([0, 45, 45, 100]) if varlen else None
+    h0 = state(3 if varlen else 2, 2, 32, 32)
+    kw = dict(initial_state=h0, output_final_state=True, output_chunk_states=True, cu_seqlens=cu)
+    # fresh buffers NaN: a start state left unwritten must not pass with a reused allocation
+    empty = torch.empty
+
+    def nan_empty(*shape, dtype=None, **kwargs):
+        out = empty(*shape, dtype=dtype, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(launch.torch, "empty", nan_empty)
+    whole = run(x, chunk=16, segment_chunks=1, **kw)
+    monkeypatch.setattr(kspecs, "COMBINE_WHOLE_MAX_K", 16)
+    monkeypatch.setattr(kspecs, "COMBINE_BLOCK_K", 16)
+    blocked = run(x, chunk=16, segment_chunks=1, **kw)
+    for what, a, b in zip(_OUTPUTS, blocked, whole, strict=True):
+        assert_equal(a, b, f"row-blocked vs whole-map combine: {what}")
 
 
 @pytest.mark.parametrize("planned", [1, 2])

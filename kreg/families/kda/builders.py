@@ -124,7 +124,8 @@ def segment_map_launch(spec: KdaScanSpec) -> KernelLaunch:
 def segment_combine_launch(spec: KdaScanSpec, fp32_dot: str) -> KernelLaunch:
     constexprs = dict(K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, BV=spec.block_v,
                       USE_H0=spec.initial_state, STATE_VK=spec.state_layout == "vk",
-                      VARLEN=spec.varlen, SEG=spec.segment_chunks, FP32_DOT=fp32_dot)  # fmt: skip
+                      VARLEN=spec.varlen, SEG=spec.segment_chunks, FP32_DOT=fp32_dot,
+                      BK=spec.combine_block_k)  # fmt: skip
     return KernelLaunch(kernels.kda_segment_combine_kernel, constexprs, 4, 1)
 
 

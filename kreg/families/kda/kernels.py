@@ -707,10 +707,14 @@ def kda_segment_combine_kernel(
     T, HV, NSEG,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
     USE_H0: tl.constexpr, STATE_VK: tl.constexpr, VARLEN: tl.constexpr, SEG: tl.constexpr,
-    FP32_DOT: tl.constexpr,
+    FP32_DOT: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
     """Sequence-parallel scan, pass 2: the short serial chain over segments that gives every
-    segment its true start state (S_next = M S + N), written to ``seg_start``."""
+    segment its true start state (S_next = M S + N), written to ``seg_start``.
+
+    With ``BK`` < K the map is multiplied in row blocks of BK (a whole [K, K] map does not fit
+    shared memory at K = 256): each block of S_next goes to its slot of ``seg_start``, which the
+    next step reads whole after a barrier."""
     pid_v = tl.program_id(0)
     pid_s = tl.program_id(1)
     seq = pid_s // HV
@@ -722,12 +726,31 @@ def kda_segment_combine_kernel(
     else:
         s = tl.zeros((K, BV), dtype=tl.float32)
     kk = tl.arange(0, K)
-    for seg in tl.range(0, tl.minimum(tl.cdiv(c1 - c0, SEG), NSEG)):  # see _recurrence
-        idx = (seq * NSEG + seg) * HV + hv
-        tl.store(_state_ptrs(seg_start, idx, K, V, BV, v0, False), s)
-        base = seg_map + idx.to(tl.int64) * (K * (K + V)) + kk[:, None] * (K + V)
-        m = tl.load(base + kk[None, :])
-        n = tl.load(base + K + v0 + tl.arange(0, BV)[None, :])
-        s = tl.dot(m, s, acc=n, input_precision=FP32_DOT)
-    empty = c1 == c0  # no segment: the scan's segment 0 carries the initial state through
-    tl.store(_state_ptrs(seg_start, seq * NSEG * HV + hv, K, V, BV, v0, False), s, mask=empty)
+    n_seg = tl.minimum(tl.cdiv(c1 - c0, SEG), NSEG)  # see _recurrence
+    if BK == K:
+        for seg in tl.range(0, n_seg):
+            idx = (seq * NSEG + seg) * HV + hv
+            tl.store(_state_ptrs(seg_start, idx, K, V, BV, v0, False), s)
+            base = seg_map + idx.to(tl.int64) * (K * (K + V)) + kk[:, None] * (K + V)
+            m = tl.load(base + kk[None, :])
+            n = tl.load(base + K + v0 + tl.arange(0, BV)[None, :])
+            s = tl.dot(m, s, acc=n, input_precision=FP32_DOT)
+        empty = c1 == c0  # no segment: the scan's segment 0 carries the initial state through
+        tl.store(_state_ptrs(seg_start, seq * NSEG * HV + hv, K, V, BV, v0, False), s, mask=empty)
+    else:
+        # segment 0's start (an empty sequence's too); the last segment's map is not needed
+        tl.store(_state_ptrs(seg_start, seq * NSEG * HV + hv, K, V, BV, v0, False), s)
+        rows = tl.arange(0, BK)
+        vv = v0 + tl.arange(0, BV)
+        for seg in tl.range(0, n_seg - 1):
+            idx = (seq * NSEG + seg) * HV + hv
+            tl.debug_barrier()  # the previous step's blocks, stored by every thread
+            s = tl.load(_state_ptrs(seg_start, idx, K, V, BV, v0, False))
+            nxt = seg_start + (idx + HV).to(tl.int64) * (K * V)  # (seq, seg + 1)
+            for kb in tl.static_range(K // BK):
+                r = kb * BK + rows
+                base = seg_map + idx.to(tl.int64) * (K * (K + V)) + r[:, None] * (K + V)
+                m = tl.load(base + kk[None, :])
+                n = tl.load(base + K + vv[None, :])
+                tl.store(nxt + r[:, None] * V + vv[None, :],
+                         tl.dot(m, s, acc=n, input_precision=FP32_DOT))  # fmt: skip

@@ -291,6 +291,8 @@ def fit(samples: Sequence[Sample], ridges: Sequence[float] = RIDGES) -> dict:
     import numpy as np
 
     counts = {r.name: sum(r.name in s.times for s in samples) for r in ROLES}
+    dims = {r: sorted({round(2 ** (f["k"] + 7)) for s in samples if r in s.times
+                       for f in (s.times[r][0],)}) for r in counts}  # fmt: skip
     roles = [r.name for r in ROLES if counts[r.name] >= MIN_SHAPES]
     cv = {str(a): regret_stats(_regrets(list(samples), roles, a)) for a in ridges}
     ridge = min(ridges, key=lambda a: (round(cv[str(a)]["geomean"], 6), cv[str(a)]["worst"]))
@@ -301,7 +303,7 @@ def fit(samples: Sequence[Sample], ridges: Sequence[float] = RIDGES) -> dict:
     for k, r in enumerate(roles):
         res = np.array([e for e, (_, w) in zip(resid, which, strict=True) if w == r])
         out_roles[r] = {"offset": float(offsets[k]), "shapes": counts[r],
-                        "rms_log2": float(np.sqrt((res**2).mean()))}  # fmt: skip
+                        "rms_log2": float(np.sqrt((res**2).mean())), "head_dims": dims[r]}  # fmt: skip
     return {"kind": MODEL_KIND, "feature_version": FEATURE_VERSION, "features": list(FEATURES),
             "ridge": ridge, "cv": cv, "coef": {n: float(c) for n, c in zip(FEATURES, coef,
                                                                           strict=True)},
@@ -309,9 +311,12 @@ def fit(samples: Sequence[Sample], ridges: Sequence[float] = RIDGES) -> dict:
 
 
 def predict_ms(payload: Mapping, role: str, feats: Mapping[str, float]) -> float | None:
-    """2 ** (the role's offset + the shared coefficients . ``feats``, :func:`pair_features`)."""
+    """2 ** (the role's offset + the shared coefficients . ``feats``, :func:`pair_features`);
+    None for a role not fitted, or not measured at the (padded) head dim K of ``feats``: its
+    offset says nothing of a kernel never timed there (the K = 256 segmented scans, valid since
+    the row-blocked combine, until a sweep times them)."""
     entry = payload.get("roles", {}).get(role)
-    if entry is None:
+    if entry is None or round(2 ** (feats["k"] + 7)) not in entry.get("head_dims", ()):
         return None
     return 2.0 ** (entry["offset"] + sum(c * feats[n] for n, c in payload["coef"].items()))
 
@@ -319,7 +324,8 @@ def predict_ms(payload: Mapping, role: str, feats: Mapping[str, float]) -> float
 def payload_ok(payload: Mapping) -> bool:
     return (payload.get("kind") == MODEL_KIND
             and payload.get("feature_version") == FEATURE_VERSION
-            and list(payload.get("features", ())) == list(FEATURES))  # fmt: skip
+            and list(payload.get("features", ())) == list(FEATURES)
+            and all("head_dims" in r for r in payload.get("roles", {}).values()))  # fmt: skip
 
 
 def choose(payload: Mapping, problem, target: Target):

@@ -33,6 +33,11 @@ TILE_SHAPES = {
 # (H200 probe, 2026-12-02: docs/kda/SPEED.md); AMD's LDS is smaller and was never measured.
 SCAN_PIPELINES_BY_BACKEND = {"cuda": ((4, 2), (4, 3), (2, 2), (2, 3)), "hip": ((4, 1),)}
 SEGMENT_CHUNKS = (0, 16, 64)
+# The segment combine multiplies each segment's [K, K] map into the state. Up to this K it stages
+# the map whole (the kernel measured since 2026-12-02); above it, in row blocks of
+# COMBINE_BLOCK_K, which is what fits a K = 256 combine in one block's shared memory.
+COMBINE_WHOLE_MAX_K = 128
+COMBINE_BLOCK_K = 64
 FP32_DOT_BY_BACKEND = {"cuda": ("tf32", "tf32x3", "ieee"), "hip": ("ieee",)}
 
 
@@ -118,9 +123,16 @@ class KdaScanSpec:
     def shared_bytes_estimate(self) -> int:
         return _scan_phase_bytes(self, self.block_v, self.num_stages)
 
+    @property
+    def combine_block_k(self) -> int:
+        """Rows of the [K, K] segment map the combine kernel multiplies at once."""
+        k = self.head_dim_k
+        return k if k <= COMBINE_WHOLE_MAX_K else COMBINE_BLOCK_K
+
     def combine_shared_bytes_estimate(self) -> int:
-        """The segment combine kernel stages one [K, K] map and two [K, BV] blocks in fp32."""
-        return 4 * self.head_dim_k * (self.head_dim_k + 2 * self.block_v)
+        """The segment combine kernel stages [combine_block_k, K] of the map and two [K, BV]
+        blocks in fp32."""
+        return 4 * self.head_dim_k * (self.combine_block_k + 2 * self.block_v)
 
 
 @attrs.frozen
