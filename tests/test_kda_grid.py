@@ -7,6 +7,7 @@ import math
 import random
 import warnings
 import zlib
+from pathlib import Path
 
 import attrs
 import pytest
@@ -495,3 +496,20 @@ def test_merge_supersede_keeps_the_last_measurement_and_says_so():
     assert m["superseded"] == [{"case": "y", "measured": "d1", "replaced_by": "d2"}]
     assert "**Re-measured**" in bench.markdown(m) and "y (d1 → d2)" in bench.markdown(m)
     assert "superseded" not in bench.merge_results([a, _part_results(["z"])], supersede=True)
+
+
+def test_roles_predict_only_at_head_dims_their_sweep_measured(target):
+    """Segmented scans are valid at K = 256 since the row-blocked combine, but no sweep has timed
+    them there: the fitted roles name the head dims they were measured at and predict nothing
+    elsewhere, so the selection stays among measured kernels."""
+    path = Path(model.__file__).parents[2] / "dispatch" / "kda_model.json"
+    payload = json.loads(path.read_text())["model"]
+    shape = next(x for x in grid.shapes() if x.name == "b2-t12160-h2x2-d256x256")
+    p = grid.problem_of(shape)
+    pool = model.pool(p, target)
+    assert any(s.scan.segment_chunks for _, s in pool)
+    for role, spec in pool:
+        ms = model.predict_ms(payload, role, model.pair_features(p, spec))
+        assert (ms is None) == (256 not in payload["roles"][role]["head_dims"]), role
+    assert 256 in payload["roles"][model.choose(payload, p, target)[0]]["head_dims"]
+    assert not model.payload_ok({**payload, "roles": {"r": {"offset": 0.0}}})
