@@ -148,3 +148,31 @@ def test_jit_kernel_equals_the_aot_build():
         assert normalise_ir(ck.asm[stage]) == normalise_ir(text), stage
     assert ck.n_regs == art.registers
     assert _ptxas_report(ck.asm["ptx"], target)["spills"] == art.spills
+
+
+def test_pooled_step_equals_fla_pooled_step():
+    """The decode benchmark's pool pair is like with like: kreg's pooled step and fla's
+    ``fused_recurrent_kda_fwd(..., ssm_state_indices, inplace_final_state=True)`` on equal
+    pools through the same slots give the same outputs and write the same slots."""
+    import torch
+
+    from kreg.families.kda import kda_prefill
+    from kreg.families.kda.bench_decode import load_fla_pooled
+
+    fla_pooled, reason = load_fla_pooled()
+    if fla_pooled is None:
+        pytest.skip(reason)
+    x = inputs(T=1, seed=3)
+    pool = 0.1 * torch.randn(2 * N, HV, K, K, device="cuda")
+    slots = torch.randperm(2 * N, device="cuda")[:N].to(torch.int32)
+    theirs = pool.clone()
+    o, _ = kda_prefill(**x, initial_state=pool, initial_state_indices=slots)
+    with torch.inference_mode():
+        fo, _ = fla_pooled(**x, scale=K**-0.5, initial_state=theirs, ssm_state_indices=slots,
+                           inplace_final_state=True)  # fmt: skip
+    assert rel(o, fo) < 1e-2
+    written = slots.long()
+    assert rel(pool[written], theirs[written]) < 1e-4
+    rest = torch.ones(2 * N, dtype=torch.bool, device="cuda")
+    rest[written] = False
+    assert torch.equal(pool[rest], theirs[rest])

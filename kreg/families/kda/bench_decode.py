@@ -24,7 +24,9 @@ KREG = "kreg.recurrent"  # kda_prefill with states in and out, as fla's call
 KREG_POOL = "kreg.recurrent.pool"  # kda_prefill on a state pool, written in place
 KREG_SPLIT = "kreg.split"  # the chunked form pinned: where the dispatcher's crossover lies
 PEER = "fla.fused_recurrent"
+PEER_POOL = "fla.fused_recurrent.pool"  # fla's own pooled step, in place (as engines call it)
 PAIR = "decode"
+PAIR_POOL = "pool"
 
 HARNESS_DOC = f"""# KDA decode: benchmark results
 
@@ -50,9 +52,12 @@ call): fla-core's `fused_recurrent_kda(q, k, v, g, beta, initial_state=h0,
 output_final_state=True)` with `FLA_DISABLE_BACKEND_DISPATCH=1`; `{KREG_POOL}`: the same step on
 a state pool of 2N slots (`initial_state_indices` int32 on the device, a permutation, no host
 copy: the graph-captured serving step), final states written in place (its outputs are not
-compared: the pool changes at every call; the GPU tests check it); `{KREG_SPLIT}` (four-token
-cases): the chunked candidate pinned, to locate the crossover the dispatcher's cost model
-predicts.
+compared: the pool changes at every call; the GPU tests check it); `{PEER_POOL}` (its peer):
+fla-core's pooled step on its own pool of 2N slots through the same slots,
+`fused_recurrent_kda_fwd(q, k, v, g, beta, initial_state=pool, ssm_state_indices=slots,
+inplace_final_state=True)` (the function engines' decode paths reach; the public
+`fused_recurrent_kda` takes no indices); `{KREG_SPLIT}` (four-token cases): the chunked candidate
+pinned, to locate the crossover the dispatcher's cost model predicts.
 
 **Formulas.** FLOP = 7·K·V per token and head (decay, Sᵀk, the rank-1 write, Sᵀq). Compulsory
 bytes: q, k, v, g, beta read and o written once, and per sequence and head the fp32 state read
@@ -106,7 +111,7 @@ def planned_impls(case: BenchCase, target="sm90") -> tuple[str, ...]:
     from kreg.dispatch import select
 
     target = prefill_bench._target(target)
-    names = [main_row(select(problem_of(case.params), target)), PEER, KREG_POOL]
+    names = [main_row(select(problem_of(case.params), target)), PEER, KREG_POOL, PEER_POOL]
     if case.params["T"] > 1:
         names.append(KREG_SPLIT)
     return tuple(names)
@@ -127,6 +132,19 @@ def load_fla_recurrent():
     return fused_recurrent_kda, version
 
 
+def load_fla_pooled():
+    """``(fused_recurrent_kda_fwd, version)``: fla's step with ``ssm_state_indices`` and
+    ``inplace_final_state``, or ``(None, reason)``."""
+    fn, version = load_fla_recurrent()
+    if fn is None:
+        return None, version
+    try:
+        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+    except ImportError as e:
+        return None, f"fla-core {version} has no pooled step: {e}"
+    return fused_recurrent_kda_fwd, version
+
+
 def prepare(case: BenchCase, target, device) -> Prepared:
     import torch
 
@@ -140,12 +158,13 @@ def prepare(case: BenchCase, target, device) -> Prepared:
     gen = torch.Generator(device=device).manual_seed(prefill_bench._seed(case.name) + 1)
     h0 = 0.1 * torch.randn((N, HV, K, V), generator=gen, device=device)
     pool = 0.1 * torch.randn((2 * N, HV, K, V), generator=gen, device=device)
+    fla_pool = pool.clone()
     slots = torch.randperm(2 * N, generator=gen, device=device)[:N].to(torch.int32)
     base = dict(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], scale=K**-0.5)
     plain = dict(base, initial_state=h0, output_final_state=True)
     pooled = dict(base, initial_state=pool, initial_state_indices=slots)
 
-    def kreg_impl(name, kw, algorithm="auto", compare=True):
+    def kreg_impl(name, kw, algorithm="auto", compare=True, peer=PEER):
         args = {**_defaults(), **kw}
         problem, call = _prepare(**{n: args[n] for n in _prepare_args()})
         sel = select(problem, target, algorithm=algorithm)
@@ -158,7 +177,7 @@ def prepare(case: BenchCase, target, device) -> Prepared:
         return Impl(name, run=run, call=lambda: kda_prefill(**kw, algorithm=algorithm,
                                                             target=target),
                     info={"candidate": sel.candidate.name, "spec": repr(sel.spec),
-                          "decided_by": sel.decided_by}, peer=PEER)  # fmt: skip
+                          "decided_by": sel.decided_by}, peer=peer)  # fmt: skip
 
     impls: list = [kreg_impl(None, plain)]
     main = impls[0].name
@@ -172,11 +191,27 @@ def prepare(case: BenchCase, target, device) -> Prepared:
                 return fused_recurrent_kda(**plain)
 
         impls.append(Impl(PEER, run=run_fla, info={"version": version}))
-    impls.append(kreg_impl(KREG_POOL, pooled, compare=False))
+    impls.append(kreg_impl(KREG_POOL, pooled, compare=False, peer=PEER_POOL))
+    fla_pooled, reason = load_fla_pooled()
+    if fla_pooled is None:
+        impls.append(Skip(PEER_POOL, reason))
+    else:
+
+        def run_fla_pool():  # the pool changes at every call: not compared
+            with torch.inference_mode():
+                fla_pooled(**base, initial_state=fla_pool, ssm_state_indices=slots,
+                           inplace_final_state=True)  # fmt: skip
+            return None, None
+
+        impls.append(Impl(PEER_POOL, run=run_fla_pool, info={"version": reason}))
     if params["T"] > 1:
         impls.append(kreg_impl(KREG_SPLIT, plain, algorithm="kda.split"))
     pairs = (Pair(PAIR, main, PEER, "`kda_prefill(...)` (states in and out) against fla-core's "
-                  "`fused_recurrent_kda(...)`, the same call"),)  # fmt: skip
+                  "`fused_recurrent_kda(...)`, the same call"),
+             Pair(PAIR_POOL, KREG_POOL, PEER_POOL, "the pooled step in place, "
+                  "`kda_prefill(..., initial_state=pool, initial_state_indices=slots)` against "
+                  "fla-core's `fused_recurrent_kda_fwd(..., ssm_state_indices=slots, "
+                  "inplace_final_state=True)`"))  # fmt: skip
     return Prepared(impls=impls, outputs=lambda ret: {"o": ret[0], "state": ret[1]},
                     references=(main, PEER), peer=PEER, pairs=pairs)  # fmt: skip
 
