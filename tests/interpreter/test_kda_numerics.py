@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from kreg.dispatch import select
-from kreg.families.kda import api, launch
+from kreg.families.kda import api
 from kreg.families.kda import specs as kspecs
 from kreg.families.kda.oracles import (
     gate_sigmoid_bound,
@@ -607,14 +607,7 @@ def test_row_blocked_segment_combine_equals_the_whole_map(monkeypatch, varlen):
     cu = torch.tensor([0, 45, 45, 100]) if varlen else None
     h0 = state(3 if varlen else 2, 2, 32, 32)
     kw = dict(initial_state=h0, output_final_state=True, output_chunk_states=True, cu_seqlens=cu)
-    # fresh buffers NaN: a start state left unwritten must not pass with a reused allocation
-    empty = torch.empty
-
-    def nan_empty(*shape, dtype=None, **kwargs):
-        out = empty(*shape, dtype=dtype, **kwargs)
-        return out.fill_(float("nan")) if out.is_floating_point() else out
-
-    monkeypatch.setattr(launch.torch, "empty", nan_empty)
+    # (conftest: fresh buffers start NaN, so an unwritten start state cannot pass)
     whole = run(x, chunk=16, segment_chunks=1, **kw)
     monkeypatch.setattr(kspecs, "COMBINE_WHOLE_MAX_K", 16)
     monkeypatch.setattr(kspecs, "COMBINE_BLOCK_K", 16)
