@@ -225,9 +225,9 @@ def test_segmented_varlen_one_long_among_short(record_property):
     assert sel.candidate.is_valid(spec, sel.target, problem).ok
     serial = api.run_selection(attrs.evolve(sel, spec=attrs.evolve(
         spec, scan=attrs.evolve(spec.scan, segment_chunks=0))), call, problem)  # fmt: skip
-    short = torch.tensor([0, 1024, 1024], dtype=torch.int64)  # plans 1024 / (16 chunks) tokens
+    short = 1024  # plans 1024 / (16 chunks) tokens for the longest
     ro, rh = token_serial_f64(**x, initial_state=h0, cu_seqlens=cu)
-    for name, c in (("planned", call), ("replayed", attrs.evolve(call, cu_seqlens_host=short))):
+    for name, c in (("planned", call), ("replayed", attrs.evolve(call, longest=short))):
         o, ht = api.run_selection(attrs.evolve(sel, spec=spec), c, problem)[:2]
         eo, eh = rel_rms(o, ro), rel_rms(ht, rh)
         report(record_property, f"{name}_o_rel_rms", eo)

@@ -73,6 +73,7 @@ def _call(problem: LinearAttentionProblem) -> launch.Call:
         initial_state=torch.zeros(n, HV, K, V) if problem.initial_state else None,
         output_final_state=problem.output_final_state, output_chunk_states=False,
         state_layout="kv", cu_seqlens=cu, cu_seqlens_host=cu,
+        longest=problem.longest_seq if problem.varlen else None,
     )  # fmt: skip
 
 

@@ -91,7 +91,8 @@ def run(
     opts = {**_PREFILL_DEFAULTS, **x, **kw}
     problem, call = api._prepare(**{name: opts[name] for name in _PREPARE_ARGS})
     if host_offsets is not None:
-        call = attrs.evolve(call, cu_seqlens_host=host_offsets)
+        longest = int((host_offsets[1:] - host_offsets[:-1]).max())
+        call = attrs.evolve(call, cu_seqlens_host=host_offsets, longest=longest)
     V = problem.head_dim_v
     square = attrs.evolve(problem, head_dim_v=problem.head_dim_k)
     sel = select(square, TARGET, algorithm="kda.fused" if fused else "kda.split")

@@ -517,6 +517,7 @@ def make_call(checked: Checked, problem: LinearAttentionProblem, q, k, v, g, bet
         beta_sigmoid=fields["beta_sigmoid"], initial_state=initial_state,
         output_final_state=output_final_state, output_chunk_states=output_chunk_states,
         state_layout=state_layout, cu_seqlens=cu_dev, cu_seqlens_host=cu_host,
+        longest=problem.longest_seq if problem.varlen else None,
         state_indices=state_indices,
         chunk_states_size=problem.chunk_states_size,
         chunk_states_dtype=_CHUNK_STATE_DTYPES_BY_NAME[problem.chunk_states_dtype],

@@ -192,9 +192,9 @@ def prepare(case: BenchCase, target, device) -> Prepared:
 
         impls.append(Impl(PEER, run=run_fla, info={"version": version}))
     impls.append(kreg_impl(KREG_POOL, pooled, compare=False, peer=PEER_POOL))
-    fla_pooled, reason = load_fla_pooled()
+    fla_pooled, pooled_version = load_fla_pooled()
     if fla_pooled is None:
-        impls.append(Skip(PEER_POOL, reason))
+        impls.append(Skip(PEER_POOL, pooled_version))
     else:
 
         def run_fla_pool():  # the pool changes at every call: not compared
@@ -203,7 +203,7 @@ def prepare(case: BenchCase, target, device) -> Prepared:
                            inplace_final_state=True)  # fmt: skip
             return None, None
 
-        impls.append(Impl(PEER_POOL, run=run_fla_pool, info={"version": reason}))
+        impls.append(Impl(PEER_POOL, run=run_fla_pool, info={"version": pooled_version}))
     if params["T"] > 1:
         impls.append(kreg_impl(KREG_SPLIT, plain, algorithm="kda.split"))
     pairs = (Pair(PAIR, main, PEER, "`kda_prefill(...)` (states in and out) against fla-core's "

@@ -51,6 +51,9 @@ class Call:
     # read only this, never the caller's unvalidated tensor
     cu_seqlens: torch.Tensor | None
     cu_seqlens_host: torch.Tensor | None = None  # the validated CPU offsets, int64
+    # varlen: the longest sequence's tokens the scan is planned for (the problem's, read once
+    # from the host offsets or the caller's max_seqlen); None: the packed length
+    longest: int | None = None
     # int64 [N] slots of a state pool (``initial_state`` is then the pool [P, HV, K, V]), or None
     state_indices: torch.Tensor | None = None
     # with output_chunk_states: a state every chunk_states_size tokens, in this dtype
@@ -217,12 +220,10 @@ def segment_starts(call: Call, seg_map, scan, seq_chunk, n_states: int, fp32_dot
 
 
 def _scan_scalars(call: Call, chunk: int, segment_chunks: int) -> dict:
-    """The scan kernels' scalars, NSEG planned for the longest sequence of the validated host
-    offsets, not the packed length, which gives every sequence as many segments as all of them
-    together hold (one 30,000-token sequence among 20 short ones: 21 each instead of 15)."""
-    cu = call.cu_seqlens_host
-    longest = None if cu is None or cu.numel() < 2 else max(1, int((cu[1:] - cu[:-1]).max()))
-    return scan_scalars(call.q.shape[1], call.v.shape[2], chunk, segment_chunks, longest)
+    """The scan kernels' scalars, NSEG planned for ``call.longest``, not the packed length,
+    which gives every sequence as many segments as all of them together hold (one
+    30,000-token sequence among 20 short ones: 21 each instead of 15)."""
+    return scan_scalars(call.q.shape[1], call.v.shape[2], chunk, segment_chunks, call.longest)
 
 
 def run_fused(call: Call, spec):

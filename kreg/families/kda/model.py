@@ -291,8 +291,8 @@ def fit(samples: Sequence[Sample], ridges: Sequence[float] = RIDGES) -> dict:
     import numpy as np
 
     counts = {r.name: sum(r.name in s.times for s in samples) for r in ROLES}
-    dims = {r: sorted({round(2 ** (f["k"] + 7)) for s in samples if r in s.times
-                       for f in (s.times[r][0],)}) for r in counts}  # fmt: skip
+    dims = {r: sorted({round(2 ** (s.times[r][0]["k"] + 7)) for s in samples if r in s.times})
+            for r in counts}  # fmt: skip
     roles = [r.name for r in ROLES if counts[r.name] >= MIN_SHAPES]
     cv = {str(a): regret_stats(_regrets(list(samples), roles, a)) for a in ridges}
     ridge = min(ridges, key=lambda a: (round(cv[str(a)]["geomean"], 6), cv[str(a)]["worst"]))

@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 
 from . import model
-from .sweep import SWEEP_KIND, SWEEP_VERSION
+from .sweep import SWEEP_KIND, SWEEP_VERSION, spec_label
 
 GOALS = {"holdout_median": 1.10, "holdout_worst": 1.25, "fla_floor": 1.0, "fla_geomean": 1.5}
 PLOT_NAME = "grid.png"
@@ -55,8 +55,6 @@ def role_times(entry: dict, pool=()) -> dict[str, float]:
     """role -> measured ms (a spec several roles name counts for each). ``pool``: the shape's
     (role, spec) pairs now, whose spec counts for its role when measured under another label
     (the dispatcher's choice, or a role the pool lacked when the sweep ran)."""
-    from .sweep import spec_label
-
     out = {}
     for r in entry["specs"]:
         if _ok(r):
