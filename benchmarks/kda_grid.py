@@ -7,6 +7,8 @@
     python benchmarks/kda_grid.py part K N                  # kreg bench --cases of part K of N
     python benchmarks/kda_grid.py merge A.json B.json --out DIR   # one results.json of the parts
                                      [--supersede]  # later parts replace re-measured cases
+    python benchmarks/kda_grid.py changed BEFORE_MODEL.json [--after MODEL.json]
+                                     # the grid cases whose selection a refit changed
 
 ``sweep`` writes SWEEP.json after every shape and stops cleanly before ``--deadline-s`` seconds
 from its start (compiling takes at most half of them), and copies Triton's autotuning results
@@ -127,6 +129,21 @@ def cmd_merge(args) -> int:
     return 0
 
 
+def cmd_changed(args) -> int:
+    from kreg.families.kda import validate
+
+    before = validate.selections(args.before)
+    after = validate.selections(args.after)
+    changed = [name for name in before if before[name] != after[name]]
+    for name in changed:
+        diff = {p: f"{before[name][p]} -> {after[name][p]}"
+                for p in before[name] if before[name][p] != after[name][p]}  # fmt: skip
+        print(f"{name}: {diff}", file=sys.stderr)
+    print(" ".join(changed))  # for `kreg bench kda-grid --cases`
+    print(f"{len(changed)} of {len(before)} cases changed", file=sys.stderr)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -164,9 +181,12 @@ def main(argv=None) -> int:
         action="store_true",
         help="a case in several parts is taken from the last (a re-measurement)",
     )
+    p = sub.add_parser("changed")
+    p.add_argument("before", help="the cost model file before the refit")
+    p.add_argument("--after", help="the cost model file after it (default: the packaged one)")
     args = ap.parse_args(argv)
     return {"plan": cmd_plan, "sweep": cmd_sweep, "fit": cmd_fit, "validate": cmd_validate,
-            "part": cmd_part, "merge": cmd_merge}[args.cmd](args)  # fmt: skip
+            "part": cmd_part, "merge": cmd_merge, "changed": cmd_changed}[args.cmd](args)  # fmt: skip
 
 
 if __name__ == "__main__":

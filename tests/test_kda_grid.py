@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import warnings
 import zlib
@@ -113,7 +114,7 @@ def test_pool_resolves_valid_distinct_specs(target):
     for x in grid.shapes():
         p = grid.problem_of(x)
         pool = model.pool(p, target)
-        assert 1 <= len(pool) <= 12
+        assert 1 <= len(pool) <= len(model.ROLES)
         for role, spec in pool:
             assert specs.is_valid_split_spec(spec, target, p).ok
             assert model.workspace_ok(spec, p) and model.segments_pay(spec, p)
@@ -156,15 +157,17 @@ SEG_ROLE, FLAT_ROLE = "c32.narrow.w2s2.seg64", "c16.wide.w4s3.seg0"
 def planted_log2(role: str, f: dict) -> float:
     """A planted truth over a role's pair features: time grows with the scan's chain, so
     segments of 64 (a fixed cost of 1.15 log2) win past about 2^13 tokens, chunk 16 wide below;
-    the other roles lose by a fixed margin of their own. The truth lies in the model's class
-    (role offsets plus shared coefficients), so a correct fitter must recover it; the margin is
-    drawn from the role's name with crc32, not hash(), which varies with PYTHONHASHSEED."""
+    the other roles lose by a fixed margin of their own, wide enough that none ties the winner
+    (a chunk-16 segmented role's chain is half of SEG_ROLE's: 0.6 log2 less). The truth lies in
+    the model's class (role offsets plus shared coefficients), so a correct fitter must recover
+    it; the margin is drawn from the role's name with crc32, not hash(), which varies with
+    PYTHONHASHSEED."""
     base = -10 + 0.9 * f["X"] - 0.2 * f["P"] + 0.5 * f["k"]
     if role == SEG_ROLE:
         return base + 0.6 * f["chain"] + 1.15
     if role == FLAT_ROLE:
         return base + 0.6 * f["chain"]
-    return base + 0.6 * f["chain"] + 1.6 + 0.1 * (zlib.crc32(role.encode()) % 5)
+    return base + 0.6 * f["chain"] + 2.2 + 0.1 * (zlib.crc32(role.encode()) % 5)
 
 
 def synthetic_sweep(target, noise=0.02, seed=0, truth=planted_log2) -> dict:
@@ -510,6 +513,66 @@ def test_roles_predict_only_at_head_dims_their_sweep_measured(target):
     assert any(s.scan.segment_chunks for _, s in pool)
     for role, spec in pool:
         ms = model.predict_ms(payload, role, model.pair_features(p, spec))
-        assert (ms is None) == (256 not in payload["roles"][role]["head_dims"]), role
+        entry = payload["roles"].get(role)  # a role no sweep has timed is not fitted at all
+        assert (ms is None) == (entry is None or 256 not in entry["head_dims"]), role
     assert 256 in payload["roles"][model.choose(payload, p, target)[0]]["head_dims"]
     assert not model.payload_ok({**payload, "roles": {"r": {"offset": 0.0}}})
+
+
+def test_prep_warps_rule_picks_the_fewest_or_the_most_enumerated(target):
+    from kreg.families.kda import specs
+
+    for name in ("b2-t12160-h2x2-d256x256", "b4-t8192-h32x32-d64x64"):
+        p = grid.problem_of(grid.shape_named(name))
+        valid = specs.valid_split_specs(target, p)
+        warps = {s.tile.num_warps for s in valid if s.tile.chunk == 16 and s.tile.solve_block == 16}
+        few = model.resolve(model.ROLE_BY_NAME["c16.narrow.w4s3.seg0"], valid)
+        most = model.resolve(model.ROLE_BY_NAME["c16.narrow.w4s3.seg0.pmost"], valid)
+        assert (few.tile.num_warps, most.tile.num_warps) == (min(warps), max(warps))
+        assert attrs.evolve(most, tile=few.tile) == few  # the prep is all that differs
+
+
+def test_k256_pool_holds_a_segmented_scan_below_the_spill_line(target):
+    """At K = 256 the chain-bound shapes need segments, and the segmented roles that spill there
+    (a state block of 128 fp32 per thread: sm90 ptxas spilled 288-896 B) cannot be what a sweep
+    picks from: the pool must hold one with a smaller block."""
+    p = grid.problem_of(grid.shape_named("b2-t12160-h2x2-d256x256"))
+    per_thread = {role: 256 * s.scan.block_v // (s.scan.num_warps * 32)
+                  for role, s in model.pool(p, target) if s.scan.segment_chunks}  # fmt: skip
+    assert any(n < 128 for n in per_thread.values()), per_thread
+
+
+def test_changed_lists_the_cases_a_model_moves(tmp_path):
+    """``kda_grid.py changed``: which grid cases another cost model selects differently (the
+    ones a refit sends back to the benchmark)."""
+    path = Path(model.__file__).parents[2] / "dispatch" / "kda_model.json"
+    same = validate.selections(str(path))
+    assert same == validate.selections()  # the packaged file is that one
+    assert set(same) == {c.name for c in grid.cases()}
+    heuristic = validate.selections(os.devnull)
+    moved = [n for n in same if same[n] != heuristic[n]]
+    assert moved and len(moved) < len(same)
+    assert all(set(v) <= {"default", "bounded"} and "bounded" in v for v in same.values())
+    clear_cache()
+
+
+def test_device_next_script_selects_existing_gpu_tests():
+    """scripts/device_next.sh spends device time on named GPU tests: its -k selection must
+    still collect them (a renamed test would cost a call and find nothing), and a bad step is
+    a one-line usage error."""
+    import re
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[1]
+    text = (root / "scripts" / "device_next.sh").read_text()
+    files = re.search(r"-p no:cacheprovider \\\n\s+(tests/\S+ tests/\S+) \\", text).group(1)
+    k = re.search(r'-k "([^"]+)"', text).group(1)
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "gpu",
+                          *files.split(), "-k", k], cwd=root, capture_output=True, text=True)  # fmt: skip
+    collected = [line for line in out.stdout.splitlines() if "::" in line]
+    for pattern in k.split(" or "):
+        assert any(pattern in line for line in collected), (pattern, out.stdout + out.stderr)
+    bad = subprocess.run(["bash", "scripts/device_next.sh", "nonsense"], cwd=root,
+                         capture_output=True, text=True, env={**os.environ, "OUT": "/tmp"})  # fmt: skip
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1

@@ -61,18 +61,21 @@ class Role:
     scan_warps: int
     stages: int  # the most pipeline stages valid up to this
     segment_chunks: int
+    prep_warps: str = "fewest"  # the prep spec's warps: the fewest or the most enumerated
 
 
-def _role(chunk, wide, warps, stages, seg) -> Role:
+def _role(chunk, wide, warps, stages, seg, prep_warps="fewest") -> Role:
     name = f"c{chunk}.{'wide' if wide else 'narrow'}.w{warps}s{stages}.seg{seg}"
-    return Role(name, chunk, wide, warps, stages, seg)
+    name += "" if prep_warps == "fewest" else f".p{prep_warps}"
+    return Role(name, chunk, wide, warps, stages, seg, prep_warps)
 
 
-# Eleven, covering what won somewhere in docs/kda/SPEED.md and the tuning table (chunk 16 with a
-# wide V block, chunk 32 with a narrow one, segments of 16 and 64 chunks) plus chunk 64, the
-# heuristic's usual choice off the table, and chunk 32 wide with 64-chunk segments (best for one
-# long sequence among short ones in the first sweep, where no role came within 1.3x of it). The prep spec of a role is its chunk's with solve_block
-# 16 (the only one a bounded gate admits at every head dim) and the fewest warps enumerated.
+# The first eleven cover what won somewhere in docs/kda/SPEED.md and the tuning table (chunk 16
+# with a wide V block, chunk 32 with a narrow one, segments of 16 and 64 chunks) plus chunk 64,
+# the heuristic's usual choice off the table, and chunk 32 wide with 64-chunk segments (best for
+# one long sequence among short ones in the first sweep, where no role came within 1.3x of it).
+# The prep spec of a role is its chunk's with solve_block 16 (the only one a bounded gate admits
+# at every head dim) and the fewest warps enumerated unless the role says the most.
 ROLES = (
     _role(16, True, 4, 3, 0),
     _role(16, True, 2, 3, 0),
@@ -85,13 +88,22 @@ ROLES = (
     _role(32, True, 4, 3, 0),
     _role(32, True, 4, 2, 64),
     _role(64, True, 4, 2, 0),
+    # Four more for K = 256, where every segmented role above and the fewest prep warps spill
+    # (sm90 ptxas, 2026-12-04: scan 896 B at V block 32 with 2 warps, 288 B at 64 with 4; prep
+    # 328 B at 4 warps, none at 8): the scan that compiles without spilling there (V block 32,
+    # 4 warps: 254 registers, and its segment map none) with segments, and the most prep warps.
+    # Measured by no sweep yet, so never predicted until one times them (predict_ms).
+    _role(16, False, 4, 3, 16),
+    _role(16, False, 4, 3, 64),
+    _role(16, False, 4, 3, 0, "most"),
+    _role(16, False, 4, 3, 16, "most"),
 )
 ROLE_BY_NAME = {r.name: r for r in ROLES}
 
 
-def _tile_warps(valid: Sequence, chunk: int) -> int | None:
+def _tile_warps(valid: Sequence, chunk: int, which: str = "fewest") -> int | None:
     warps = [s.tile.num_warps for s in valid if s.tile.chunk == chunk and s.tile.solve_block == 16]
-    return min(warps) if warps else None
+    return (min if which == "fewest" else max)(warps) if warps else None
 
 
 def resolve(role: Role, valid: Sequence) -> kspecs.KdaSplitSpec | None:
@@ -99,7 +111,7 @@ def resolve(role: Role, valid: Sequence) -> kspecs.KdaSplitSpec | None:
     or None where the enumeration has none (say chunk 64 at head dim 128)."""
     if not valid:
         return None
-    tw = _tile_warps(valid, role.chunk)
+    tw = _tile_warps(valid, role.chunk, role.prep_warps)
     if tw is None:
         return None
     V = valid[0].scan.head_dim_v

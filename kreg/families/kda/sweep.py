@@ -1,5 +1,5 @@
 """The spec sweep over the KDA grid (``python benchmarks/kda_grid.py sweep``): per grid shape, the
-device time of every spec of its pool (:func:`kreg.families.kda.model.pool`, at most 10 roles)
+device time of every spec of its pool (:func:`kreg.families.kda.model.pool`: every role that resolves)
 and of the dispatcher's current choice, then fla-core's calls with the same promise, in one
 process on one GPU; written to a JSON file after every shape, so a run cut by its deadline keeps
 what it measured.

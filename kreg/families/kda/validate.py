@@ -202,6 +202,42 @@ def stats(rows: list[dict]) -> dict:
     return out
 
 
+def selections(models: str | None = None, target: str = "sm90") -> dict[str, dict[str, str]]:
+    """Per ``kda-grid`` case, the spec label the dispatcher runs for each of its pairs
+    ("default", "bounded") with the cost models of ``models`` (``$KREG_MODELS``'s syntax; None:
+    the packaged ones). Comparing two models' selections says which cases a refit changed, the
+    ones to re-measure with the peer."""
+    import os
+
+    from kreg.dispatch import clear_cache, select
+
+    from . import grid
+    from .bench import has_default_pair
+    from .bench import problem_of as bench_problem
+
+    saved = os.environ.pop("KREG_MODELS", None)
+    if models is not None:
+        os.environ["KREG_MODELS"] = models
+    clear_cache()
+    try:
+        tgt = _target(target)
+        out = {}
+        for case in grid.cases():
+            pairs = {"bounded": True} | (
+                {"default": False} if has_default_pair(case.params) else {}
+            )
+            out[case.name] = {
+                pair: spec_label(select(bench_problem(case.params, bounded=b), tgt).spec)
+                for pair, b in pairs.items()
+            }
+        return out
+    finally:
+        os.environ.pop("KREG_MODELS", None)
+        if saved is not None:
+            os.environ["KREG_MODELS"] = saved
+        clear_cache()
+
+
 # --- the page and the plot -------------------------------------------------------------------
 
 
@@ -247,7 +283,7 @@ def markdown(sweep: dict, rows: list[dict], st: dict, bench: dict | None = None,
         "",
         "**Method.** The grid (`kreg/families/kda/grid.py`) labels every fourth shape in design "
         "order `holdout`. The sweep times, per shape, every spec of its pool (the roles of "
-        "`kreg/families/kda/model.py` that resolve to a valid spec for it, at most ten) and the "
+        "`kreg/families/kda/model.py` that resolve to a valid spec for it) and the "
         "dispatcher's choice without a model, then fla-core with the same promise (bounded "
         "shapes: kreg's block anchor against `chunk_kda(..., safe_gate=True, lower_bound=-5)`; "
         "unbounded: kreg's default against fla's default). The model is fitted on the fit "
