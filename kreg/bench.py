@@ -994,7 +994,9 @@ def validate_results(results: Any) -> dict:
     """``results`` if it has the shape :func:`markdown` reads, else :class:`ResultsError`."""
     if not isinstance(results, dict):
         raise ResultsError(f"expected a JSON object, got {type(results).__name__}")
-    cases = results.get("cases", [])
+    if "cases" not in results:
+        raise ResultsError(f"no 'cases' (keys: {', '.join(sorted(map(str, results))) or 'none'})")
+    cases = results["cases"]
     if not isinstance(cases, list):
         raise ResultsError(f"'cases' must be a list, got {type(cases).__name__}")
     for i, case in enumerate(cases):

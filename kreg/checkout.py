@@ -30,6 +30,8 @@ def checkout_root() -> Path | None:
 def repo_root(explicit: Path | None = None) -> Path:
     """``explicit`` if given, else the checkout's root; NotACheckout otherwise."""
     if explicit is not None:
+        if not explicit.is_dir():
+            raise NotACheckout(f"--root {explicit}: no such directory")
         return explicit.resolve()
     root = checkout_root()
     if root is None:

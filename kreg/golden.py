@@ -278,11 +278,21 @@ def _job_weight(job: Job) -> int:
 # --- the file -----------------------------------------------------------------------------------
 
 
+class GoldenFileError(ValueError):
+    """The golden file is not one kreg wrote."""
+
+
 def load(path: Path) -> dict:
     path = Path(path)
     if not path.exists():
         return {"format": FORMAT, "triton": {}}
-    return json.loads(path.read_text())
+    try:
+        doc = json.loads(path.read_bytes())
+    except ValueError as e:  # not UTF-8, or not JSON
+        raise GoldenFileError(f"{path}: not a golden IR file ({type(e).__name__}: {e})") from e
+    if not isinstance(doc, dict) or not isinstance(doc.get("triton", {}), dict):
+        raise GoldenFileError(f"{path}: not a golden IR file (expected an object with 'triton')")
+    return doc
 
 
 def dumps(doc: dict) -> str:

@@ -11,6 +11,7 @@ values that nothing serves are listed with the reason. ``kreg matrix --write`` r
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -325,6 +326,32 @@ def _md(text: str) -> str:
     return str(text).replace("|", "\\|")
 
 
+def terminal_rows(registry, rows: list[Row] | None = None) -> list[dict]:
+    """The matrix's main table for a terminal (``kreg matrix``), one dict per row; the file's
+    every column and section stay in ``render`` (``kreg matrix --markdown``)."""
+    rows = build(registry) if rows is None else rows
+    out = []
+    for r in rows:
+        served = r.supported
+        out.append({
+            "candidate": r.candidate, "target": r.target,
+            "opt-in": ("yes" if r.opt_in else "no") if served else "—",
+            "dtypes": _join(r.column("dtypes")) if served else "not a target",
+            "head dims": _join(r.column("head dims")) if served else "",
+            "specs ok / rejected": f"{r.valid} / {r.rejected}" if served else "",
+            "golden": str(r.golden) if served else "",
+            "verification": _short(r.verification) if served else "",
+        })  # fmt: skip
+    return out
+
+
+def _short(verification: str) -> str:
+    """ "GPU, interpreter": the verification's kinds without their glosses (the file's legend
+    has them)."""
+    kinds = (re.sub(r"\s*\(.*", "", part).strip() for part in verification.split("; "))
+    return ", ".join(k.removesuffix("-verified") for k in kinds if not k.startswith("its own"))
+
+
 def render(registry, rows: list[Row] | None = None) -> str:
     rows = build(registry) if rows is None else rows
     out = [
@@ -426,7 +453,8 @@ def _cells_text(r: Row) -> str:
     for c in r.cells:
         groups.setdefault((c.dtype, c.head_dim_k, c.head_dim_v), []).append(c.chunk)
     return "; ".join(
-        f"{dt} d{k if k == v else f'{k}x{v}'} → {', '.join(str(x) for x in sorted(set(chunks)))}"
+        f"{dt} d{k if k == v else f'{k}x{v}'} → "
+        + (", ".join(str(x) for x in sorted({c for c in chunks if c is not None})) or "—")
         for (dt, k, v), chunks in groups.items()
     )
 
@@ -436,7 +464,7 @@ def check(registry, path: Path | None = None) -> tuple[bool, str]:
     want = render(registry)
     if not path.exists():
         return False, f"{path} does not exist: run `{WRITE_COMMAND}`"
-    if path.read_text() != want:
+    if path.read_bytes() != want.encode():
         return False, f"{path} is stale (the registered rules changed): run `{WRITE_COMMAND}`"
     return True, f"{path} is up to date"
 

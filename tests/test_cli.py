@@ -11,6 +11,8 @@ import pytest
 
 from kreg.cli import main
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 @pytest.fixture
 def kreg(testfam, plugin_env):
@@ -148,6 +150,21 @@ def test_build_stage(kreg):
             "segment_chunks=-1 must be >= 0",
         ),
         (["build", "kda", "--target", "sm90", "--spec", "tile.chunk=17"], "chunk=17 not in"),
+        # problem options a named candidate cannot serve: never a silent other build
+        (["build", "kda.split", "--target", "sm90", "K=512"], "kda.split cannot serve"),
+        (["build", "kda.recurrent", "--target", "sm90", "gate=scalar"], "cannot serve"),
+        (
+            ["build", "kda", "--target", "sm90", "--spec", "tile.chunk=16", "T=64"],
+            "problem options key=value go before --spec",
+        ),
+        (["explain", "kda", "--target", "sm90", "B=2", "batch=3"], "batch given twice"),
+        (["explain", "kda", "--target", "sm90", "T=64", "T=128"], "'T' given twice"),
+        # paths: missing, a directory, not a checkout's
+        (["matrix", "--check", "--root", "/nonexistent"], "--root /nonexistent: no such dir"),
+        (["docs", "--write", "--root", "/nonexistent"], "--root /nonexistent: no such dir"),
+        (["matrix", "--write", "--file", "/nonexistent/x.md"], "No such file or directory"),
+        (["matrix", "--check", "--file", "/"], "Is a directory"),
+        (["golden", "check", "--file", "/nonexistent/g.json"], "no golden file there"),
     ],
 )
 def test_user_errors_one_line_exit_2(testfam, capsys, argv, message):
@@ -231,6 +248,98 @@ def test_ctrl_c_exits_130_in_one_line(capsys, monkeypatch, argv):
     assert main(argv) == 130
     out, err = capsys.readouterr()
     assert out == "" and err == "kreg: interrupted\n"
+
+
+def test_bad_files_are_one_line_user_errors(tmp_path, capsys):
+    """A golden file that is not one, a results file that is not one, an output path that is a
+    file: one line, exit 2, nothing written."""
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "bin.json").write_bytes(bytes(range(256)))
+    (tmp_path / "other.json").write_text('{"foo": 1}')
+    (tmp_path / "afile").write_text("x")
+    for argv, message in (
+        (["golden", "check", "--file", str(tmp_path / "list.json")], "not a golden IR file"),
+        (["golden", "check", "--file", str(tmp_path / "bad.json")], "not a golden IR file"),
+        (["golden", "check", "--file", str(tmp_path / "bin.json")], "not a golden IR file"),
+        (["bench", "--render", str(tmp_path / "other.json")], "no 'cases'"),
+        (["bench", "--render", str(ROOT / "docs/kda/decode/results.json"), "--out",
+          str(tmp_path / "afile")], "File exists"),
+        (["docs", "--check", "--root", str(tmp_path / "afile")], "no such directory"),
+    ):  # fmt: skip
+        assert main(argv) == 2, argv
+        out, err = capsys.readouterr()
+        assert err.startswith("kreg: error: ") and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "RESULTS.md").exists()
+    assert main(["matrix", "--check", "--file", str(tmp_path / "bin.json")]) == 1  # stale
+
+
+def test_json_where_a_script_wants_it(capsys):
+    for argv, keys in (
+        (["matrix", "--json"], None),
+        (["matrix", "--check", "--json"], {"file", "ok", "message"}),
+        (["docs", "--check", "--json"], {"root", "ok", "stale"}),
+    ):
+        assert main(argv) == 0, argv
+        data = json.loads(capsys.readouterr().out)
+        if keys is None:
+            assert data and {"candidate", "target", "verification"} <= set(data[0])
+        else:
+            assert set(data) == keys and data["ok"] is True
+
+
+def test_golden_check_json(tmp_path, capsys, monkeypatch):
+    """A golden file that pins no Triton version: outside CI a skip, reported as JSON."""
+    from kreg import golden
+
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv(golden.STRICT_ENV, raising=False)
+    path = tmp_path / "g.json"
+    path.write_text(golden.dumps({"format": golden.FORMAT, "triton": {}}))
+    assert main(["golden", "check", "--file", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] and data["skipped"] and data["file"] == str(path) and data["messages"]
+    monkeypatch.setenv("CI", "1")
+    assert main(["golden", "check", "--file", str(path), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["ok"] is False
+
+
+def test_build_stage_json(testfam, capsys):
+    argv = ["build", "testfam.simple", "--target", "sm90", "--stage", "ttir", "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [k["stage"] for k in data["kernels"]] == ["ttir"] * len(data["kernels"])
+    assert any("tt.func public @scale2" in k["text"] for k in data["kernels"])
+
+
+def test_list_json_docs_path_resolves(capsys):
+    assert main(["list", "--json"]) == 0
+    fams = json.loads(capsys.readouterr().out)["families"]
+    kda = next(f for f in fams if f["name"] == "kda")
+    assert Path(kda["docs"]).is_absolute() and Path(kda["docs"]).is_file()
+    assert kda["docs"].endswith(kda["docs_repo_path"])
+
+
+def test_ctrl_c_swallowed_by_native_code_still_exits_130(capsys, monkeypatch):
+    """Triton's native binder once caught a KeyboardInterrupt that landed in a lazy import (the
+    build ran on and exited 0): a Ctrl-C the command never sees still ends in exit 130."""
+    import os
+    import signal
+
+    from kreg.cli import list_cmd
+
+    def swallowing(args):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:
+            pass  # what the native code did
+        print("finished anyway")
+        return 0
+
+    monkeypatch.setattr(list_cmd, "run", swallowing)
+    assert main(["list"]) == 130
+    assert capsys.readouterr().err == "kreg: interrupted\n"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
 
 
 def test_golden_update_of_some_cases_keeps_the_others(testfam, capsys, monkeypatch, tmp_path):

@@ -28,6 +28,7 @@ COMMANDS = {
                              "chunk_states_size=128", "chunk_states_dtype=bf16",
                              "initial_state=true", "state_layout=vk"],
     "bench_list": ["bench", "--list"],
+    "matrix": ["matrix"],
     "matrix_check": ["matrix", "--check"],
     "docs_check": ["docs", "--check"],
     "version": ["--version"],

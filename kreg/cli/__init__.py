@@ -1,9 +1,9 @@
 """The ``kreg`` command line. Each subcommand is a module of this package exposing
 ``add_parser(subparsers)`` and ``run(args) -> int | None``; add one by naming it in SUBCOMMANDS.
 
-User mistakes (unknown names, bad values, nothing to select) print one ``kreg: error: ...``
-line to stderr and exit 2; Ctrl-C prints ``kreg: interrupted`` and exits 130 (128 + SIGINT),
-without a traceback.
+User mistakes (unknown names, bad values, nothing to select, a path that is missing or not a
+file) print one ``kreg: error: ...`` line to stderr and exit 2; Ctrl-C prints ``kreg:
+interrupted`` and exits 130 (128 + SIGINT), without a traceback.
 """
 
 from __future__ import annotations
@@ -57,26 +57,58 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        from kreg.checkout import NotACheckout
-        from kreg.dispatch import NoCandidateError
+    interrupted = []
 
-        try:
-            parser = build_parser()
-            args, extra = parser.parse_known_args(argv)
-            # key=value options may follow other options (`explain kda --target sm90 T=64`)
-            if extra and hasattr(args, "options") and not any(x.startswith("-") for x in extra):
-                args.options += extra
-            elif extra:
-                parser.error(f"unrecognized arguments: {' '.join(extra)}")
-            return args.run(args) or 0
-        except (CliError, NoCandidateError, NotACheckout) as e:
-            message = " | ".join(line.strip() for line in str(e).splitlines() if line.strip())
-            print(f"kreg: error: {message}", file=sys.stderr)
-            return 2
+    def on_sigint(signum, frame):
+        interrupted.append(signum)  # remembered even where native code swallows the exception
+        raise KeyboardInterrupt
+
+    previous = _set_sigint(on_sigint)
+    try:
+        code = _main(argv)
     except KeyboardInterrupt:
+        code = None
+    finally:
+        _set_sigint(previous)
+    if code is None or interrupted:
         print("kreg: interrupted", file=sys.stderr)
         return 130
+    return code
+
+
+def _set_sigint(handler):
+    import signal
+
+    try:
+        return signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        return None
+
+
+def _main(argv: list[str] | None) -> int:
+    from kreg.checkout import NotACheckout
+    from kreg.dispatch import NoCandidateError
+
+    try:
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        # key=value options may follow other options (`explain kda --target sm90 T=64`)
+        if extra and hasattr(args, "options") and not any(x.startswith("-") for x in extra):
+            args.options += extra
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return args.run(args) or 0
+    except (CliError, NoCandidateError, NotACheckout) as e:
+        return _error(str(e))
     except BrokenPipeError:  # e.g. `kreg build ... --stage ptx | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except OSError as e:  # a path given that is missing, a directory, not writable, ...
+        where = f": {e.filename}" if e.filename else ""
+        return _error(f"{e.strerror or e}{where}")
+
+
+def _error(message: str) -> int:
+    message = " | ".join(line.strip() for line in message.splitlines() if line.strip())
+    print(f"kreg: error: {message}", file=sys.stderr)
+    return 2

@@ -40,6 +40,8 @@ def parse_assignments(items: list[str], what: str) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise CliError(f"bad {what} {item!r}: expected key=value")
+        if key.strip() in out:
+            raise CliError(f"{what} {key.strip()!r} given twice")
         out[key.strip()] = value.strip()
     return out
 

@@ -3,7 +3,8 @@ and print each kernel's resource use, or one IR stage.
 
 CANDIDATE is a candidate name, or a family name for the candidate the dispatcher selects for
 the family's default problem. Without ``--spec`` the spec is the one the dispatcher selects for
-the default problem (``problem_type.from_options({})``), else the first valid enumerated spec;
+the default problem (``problem_type.from_options({})``), else (no problem options given) the
+first valid enumerated spec; problem options the candidate cannot serve are an error;
 ``--spec field=value`` overrides fields of it (``tile.chunk=32`` for nested specs). The kernels
 are the ones a launch for that default problem runs (Triton specialises them on its integer
 arguments); without a problem, the family's representative ones (what the goldens hold).
@@ -40,7 +41,7 @@ def add_parser(subparsers):
     p.add_argument("--spec", nargs="+", default=[], metavar="field=value", help="spec overrides")
     p.add_argument("--stage", choices=STAGES, help="print this IR stage instead of resources")
     p.add_argument("--kernel", help="build only this kernel of the candidate")
-    p.add_argument("--json", action="store_true", help="print resources as JSON")
+    p.add_argument("--json", action="store_true", help="print resources (or the stage) as JSON")
     return p
 
 
@@ -50,7 +51,14 @@ def run(args) -> int:
         args.candidate, target, parse_assignments(args.options, "problem option")
     )
     if args.spec:
-        spec = override_spec(spec, parse_assignments(args.spec, "spec override"))
+        try:
+            spec = override_spec(spec, parse_assignments(args.spec, "spec override"))
+        except CliError as e:
+            if "unknown spec field" in str(e) and any(
+                "." not in x.split("=")[0] for x in args.spec
+            ):
+                raise CliError(f"{e} (problem options key=value go before --spec)") from e
+            raise
         how = "with overrides " + " ".join(args.spec)
     check_spec(candidate, spec, target, args.spec)
     builders = dict(candidate.builders)
@@ -77,10 +85,17 @@ def run(args) -> int:
         )
 
     if args.stage:
-        for name, art in artifacts.items():
+        for art in artifacts.values():
             if args.stage not in art.stages:
                 have = ", ".join(art.stages)
                 raise CliError(f"stage {args.stage} not produced for {target.name}; have: {have}")
+        if args.json:
+            kernels = [{"kernel": name, "function": art.kernel, "stage": args.stage,
+                        "text": art.stages[args.stage]} for name, art in artifacts.items()]  # fmt: skip
+            print(dump_json({"candidate": candidate.name, "target": target.name,
+                             "spec": jsonable(spec), "spec_source": how, "kernels": kernels}))  # fmt: skip
+            return 0
+        for name, art in artifacts.items():
             if len(artifacts) > 1:
                 print(f"// ===== kernel {name} ({art.kernel}) =====")
             print(art.stages[args.stage], end="" if art.stages[args.stage].endswith("\n") else "\n")
@@ -145,7 +160,8 @@ def resolve(name: str, target, options: dict | None = None):
                 problem,
             )
         except NoCandidateError:
-            pass
+            if options:  # the user's problem: building something else would mislead
+                raise
     for spec in candidate.enumerate_specs(target):
         if candidate.is_valid(spec, target).ok:
             return candidate, spec, "first valid enumerated spec", None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ._util import registry
+from ._util import dump_json, registry
 
 
 def add_parser(subparsers):
@@ -19,6 +19,7 @@ def add_parser(subparsers):
     mode.add_argument("--check", action="store_true", help="exit 1 if a generated block is stale")
     p.add_argument("--root", type=Path,
                    help="repository root holding docs/ (default: the kreg checkout)")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     return p
 
 
@@ -30,6 +31,9 @@ def run(args) -> int:
     reg = registry()
     if args.check:
         problems = docsgen.stale(reg, root)
+        if args.json:
+            print(dump_json({"root": str(root), "ok": not problems, "stale": list(problems)}))
+            return 1 if problems else 0
         for line in problems:
             print(line, file=sys.stderr)
         if problems:
@@ -38,6 +42,11 @@ def run(args) -> int:
         print("docs are up to date")
         return 0
     written = docsgen.write(reg, root)
+    if args.json:
+        print(
+            dump_json({"root": str(root), "written": [str(p.relative_to(root)) for p in written]})
+        )
+        return 0
     for path in written:
         print(f"wrote {path.relative_to(root)}")
     if not written:

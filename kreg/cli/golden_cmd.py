@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from ._util import CliError, registry, wrap
+from ._util import CliError, dump_json, registry, wrap
 
 STAGES = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
 
@@ -34,6 +34,7 @@ def add_parser(subparsers):
         q.add_argument("--jobs", "-j", type=int, default=min(2, os.cpu_count() or 1),
                        help="compile processes (default: 2)")  # fmt: skip
         q.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
+        q.add_argument("--json", action="store_true", help="print the outcome as JSON")
         if name == "update":
             q.add_argument("--case", action="append", metavar="CASE",
                            help="regenerate only this case (repeatable); the file's other "
@@ -53,11 +54,22 @@ def run(args) -> int:
     reg = registry()
     if args.golden_command == "diff":
         return _diff(golden, reg, args)
-    progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    quiet = args.quiet or args.json
+    progress = None if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     plugins = os.environ.get("KREG_PLUGINS")
     path = args.file or golden.default_path(args.root)  # an installed kreg needs --root or --file
     if args.golden_command == "check":
-        outcome = golden.check(reg, path, jobs=args.jobs, plugins=plugins, progress=progress)
+        if not path.is_file():  # nothing to check against is a mistake, not a pass
+            raise CliError(f"{path}: no golden file there (`{golden.UPDATE_COMMAND}` writes one)")
+        try:
+            outcome = golden.check(reg, path, jobs=args.jobs, plugins=plugins, progress=progress)
+        except golden.GoldenFileError as e:
+            raise CliError(str(e)) from e
+        if args.json:
+            print(dump_json({"file": str(path), "triton": golden.triton_version(),
+                             "ok": outcome.ok, "skipped": outcome.skipped,
+                             "messages": list(outcome.messages)}))  # fmt: skip
+            return 0 if outcome.ok else 1
         stream = sys.stdout if outcome.ok and not outcome.skipped else sys.stderr
         for line in outcome.messages:
             print(wrap(line, indent="    "), file=stream)
@@ -77,8 +89,12 @@ def run(args) -> int:
         print(str(e), file=sys.stderr)
         print(f"{path} not written", file=sys.stderr)
         return 1
-    except ValueError as e:
+    except ValueError as e:  # GoldenFileError included
         raise CliError(str(e)) from e
+    if args.json:
+        print(dump_json({"file": str(path), "triton": golden.triton_version(),
+                         "changes": list(changes)}))  # fmt: skip
+        return 0
     for line in changes:
         print(f"changed: {line}")
     print(f"wrote {path} (Triton {golden.triton_version()}): {len(changes)} change(s)")

@@ -3,7 +3,8 @@ loaded (entry point, distribution and version, as pytest's header lists them), t
 with their error, and warnings about plugins (hook-like functions not marked ``@hookimpl``).
 
 ``--json`` prints a coverage manifest: per candidate and target, how many enumerated specs are
-valid on that target (hardware rules only, no problem) and why the others are rejected.
+valid on that target (hardware rules only, no problem) and why the others are rejected; per
+family its docs page (an absolute path in a checkout, null from a wheel, which ships no docs).
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ def run(args) -> int:
     reg = registry()
     print(dump_json(manifest(reg)) if args.json else text(reg))
     return 0
+
+
+def _docs_path(relative: str) -> str | None:
+    from kreg.checkout import checkout_root
+
+    root = checkout_root()
+    page = root / relative if root and relative else None
+    return str(page) if page and page.is_file() else None
 
 
 def coverage(candidate, target) -> dict:
@@ -72,7 +81,9 @@ def manifest(reg) -> dict:
                 "problem_type": f.problem_type.__name__,
                 "abi_version": f.abi_version,
                 "candidates": [c.name for c in f.candidates],
-                "docs": f.docs,
+                # the page, where this kreg is a checkout that has it (a wheel ships no docs)
+                "docs": _docs_path(f.docs),
+                "docs_repo_path": f.docs or None,
                 "description": f.description,
                 "origin": reg.origin[f.name],
             }

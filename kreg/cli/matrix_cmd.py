@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ._util import registry
+from ._util import dump_json, registry, table
 
 
 def add_parser(subparsers):
@@ -19,6 +19,9 @@ def add_parser(subparsers):
     mode.add_argument("--check", action="store_true", help="exit 1 if SUPPORT_MATRIX.md is stale")
     p.add_argument("--file", type=Path, help="matrix file (default: SUPPORT_MATRIX.md at the root)")
     p.add_argument("--root", type=Path, help="repository root (default: the kreg checkout)")
+    p.add_argument("--json", action="store_true", help="print the rows, or the outcome, as JSON")
+    p.add_argument("--markdown", action="store_true",
+                   help="print the whole Markdown file (wide) instead of the terminal table")  # fmt: skip
     return p
 
 
@@ -30,10 +33,21 @@ def run(args) -> int:
         args.file = args.file or matrix.default_path(args.root)
     if args.check:
         ok, message = matrix.check(reg, args.file)
-        print(message, file=sys.stdout if ok else sys.stderr)
+        if args.json:
+            print(dump_json({"file": str(args.file), "ok": ok, "message": message}))
+        else:
+            print(message, file=sys.stdout if ok else sys.stderr)
         return 0 if ok else 1
     if args.write:
-        print(f"wrote {matrix.write(reg, args.file)}")
+        path = matrix.write(reg, args.file)
+        print(dump_json({"file": str(path)}) if args.json else f"wrote {path}")
         return 0
-    print(matrix.render(reg), end="")
+    if args.markdown:
+        print(matrix.render(reg), end="")
+        return 0
+    rows = matrix.terminal_rows(reg)
+    if args.json:
+        print(dump_json(rows))
+        return 0
+    print(table([list(r.values()) for r in rows], list(rows[0]) if rows else []))
     return 0

@@ -175,10 +175,14 @@ class LinearAttentionProblem:
         }
         fields = attrs.fields_dict(cls)
         values: dict = {"batch": 1, "seq_len": 2048, "heads_qk": 32, "head_dim_k": 128}
+        given: dict[str, str] = {}
         for key, raw in options.items():
             name = aliases.get(key, key)
             if name not in fields:
                 raise ValueError(f"unknown problem option {key!r}; known: {sorted(fields)}")
+            if name in given:
+                raise ValueError(f"{name} given twice ({given[name]} and {key})")
+            given[name] = key
             values[name] = _parse(name, raw, fields[name].type)
         values.setdefault("heads_v", values["heads_qk"])
         values.setdefault("head_dim_v", values["head_dim_k"])

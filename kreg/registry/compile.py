@@ -35,6 +35,7 @@ def compile_kernel(
     (folded to a constant None); any other pointer is taken as a 16-byte aligned tensor, as every
     buffer kreg allocates or requires contiguous is.
     """
+    import torch  # noqa: F401  # not lazily inside Triton's native binder: it swallows a Ctrl-C
     import triton
     from triton.compiler import ASTSource
 
