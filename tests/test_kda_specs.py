@@ -282,6 +282,26 @@ def test_fused_rules():
         S.KdaTileSpec(chunk=32).shared_bytes_estimate(),
         S._scan_phase_bytes(mid.scan, 128, 1),
     )
+    # the scan's state rules hold whichever kernel runs the scan: a fused chunk of 64 once
+    # stored garbage chunk states every 16 tokens (its stride came out 0)
+    wide = S.KdaChunkFusedSpec(S.KdaTileSpec(chunk=64, head_dim_k=32, head_dim_v=32),
+                               S.KdaScanSpec(head_dim_k=32, head_dim_v=32, chunk=64, block_v=32,
+                                             output_chunk_states=True, chunk_states_size=16))  # fmt: skip
+    assert "chunk_states_size=16 is not a multiple of chunk=64" in reasons_of(
+        S.is_valid_fused_spec(wide, SM90)
+    )
+
+
+@pytest.mark.parametrize("algorithm", ["kda.split", "kda.fused"])
+@pytest.mark.parametrize("size", [16, 32, 48, 64, 128])
+def test_chunk_state_spacing_is_served_at_a_chunk_dividing_it(algorithm, size):
+    problem = LinearAttentionProblem(batch=1, seq_len=200, heads_qk=2, heads_v=2, head_dim_k=32,
+                                     head_dim_v=32, output_chunk_states=True,
+                                     chunk_states_size=size)  # fmt: skip
+    sel = select(problem, SM90, algorithm=algorithm, allow_opt_in=True)
+    assert size % sel.spec.scan.chunk == 0 and sel.spec.scan.chunk_states_every == size // (
+        sel.spec.scan.chunk
+    )
 
 
 # --- enumerations and specialisation -------------------------------------------------------------

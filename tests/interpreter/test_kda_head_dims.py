@@ -135,3 +135,32 @@ def test_padded_run_equals_the_hand_padded_run_bitwise(name):
 def _prepare_args(x, **kw):
     opts = {**numerics._PREFILL_DEFAULTS, **x, **kw}
     return {name: opts[name] for name in numerics._PREPARE_ARGS if name in opts}
+
+
+@pytest.mark.parametrize("K,V,layout,opts", [
+    (12, 100, "kv", dict()),
+    (100, 12, "vk", dict(use_qk_l2norm=True, use_beta_sigmoid=True)),
+    (60, 16, "kv", dict(gate_activation="softplus")),
+], ids=["k12_v100", "k100_v12_vk_l2", "k60_v16_softplus"])  # fmt: skip
+def test_the_recurrence_serves_padded_dims_and_decode_takes_it(K, V, layout, opts):
+    """kda.recurrent runs a head dim it lacks zero-padded, as the chunked form does (it once
+    matched only the kernels' own K, so decode at K = 100 ran the chunked form and fp32 at
+    K = 129..255 had no candidate at all)."""
+    x = numerics.make(B=3, T=2, H=1, HV=HV, K=K, V=V, dtype=FP32, seed=K * V)
+    gate = {}
+    if opts.get("gate_activation"):
+        A_log, dt_bias = _gate_params(K)
+        gate = dict(A_log=A_log, dt_bias=dt_bias)
+    h0 = numerics.state(3, HV, K, V)
+    if layout == "vk":
+        h0 = h0.transpose(-1, -2).contiguous()
+    kw = dict(initial_state=h0, state_layout=layout, **opts, **gate)
+    problem, _ = api._prepare(**_prepare_args(x, output_final_state=True, **kw))
+    assert select(problem, "sm90").candidate.name == "kda.recurrent"  # two tokens: decode
+    o, ht = api.kda_prefill(**x, output_final_state=True, algorithm="kda.recurrent", **kw)
+    assert o.shape == x["v"].shape and ht.shape == h0.shape
+    if not opts:  # the oracles take activated inputs: with options, the chunked form decides
+        numerics.check_vs_oracles(x, o, ht, initial_state=h0, state_layout=layout)
+    so, sht = api.kda_prefill(**x, output_final_state=True, algorithm="kda.split", **kw)
+    numerics.assert_close(o, (so,), numerics.TOL[FP32], "o against the chunked form")
+    numerics.assert_close(ht, (sht,), numerics.TOL[FP32], "final state against the chunked form")

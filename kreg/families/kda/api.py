@@ -83,7 +83,9 @@ def kda_prefill(
     ``gate_activation="sigmoid_bound"`` it is the activation's bound (required).
     Non-finite inputs are contained: a NaN or infinity in k, v, g (other than -inf) or beta at
     position t makes the outputs from t on NaN and leaves every earlier output bit for bit as
-    it was; one in q reaches only its own row.
+    it was; one in q reaches only its own row. With an activation in the kernel the rule is on
+    its output: a raw gate of +-inf that the gate activation maps to a finite decay, or a beta
+    logit of +-inf that the sigmoid maps to 1 or 0, is served exactly as that value.
     ``gate_activation``: "none" (g is the log-decay), "sigmoid_bound"
     (``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``) or "softplus"
     (``-exp(A_log) * softplus(g + dt_bias)``), computed inside the prep kernel.
@@ -573,7 +575,8 @@ def _pool_slots(indices, indices_cpu, pool):
             _fail("initial_state_indices", f"slot {int(values[counts > 1][0])} is given to "
                                            "more than one sequence: their final states would "
                                            "race for it")  # fmt: skip
-    return indices if indices.dtype == torch.int64 else indices.to(torch.int64)
+    # the kernels read slot n at offset n: a strided view (a column of a slot table) is copied
+    return indices.to(torch.int64).contiguous()
 
 
 # --- head dims the kernels lack: zero padding ----------------------------------------------------

@@ -18,7 +18,7 @@ from kreg.registry.model import Artifact, Target, Verdict
 from . import kernels, recurrent_kernels
 from .builders import KernelLaunch, _compile, _inputs, _launch_values
 from .runtime_args import REPRESENTATIVE, LaunchShape
-from .specs import DTYPE_BYTES, HEAD_DIMS, _pow2
+from .specs import DTYPE_BYTES, HEAD_DIMS, _matches, _pow2, padded_head_dim
 
 BLOCK_VS = (16, 32, 64)
 WARPS = (1, 2, 4, 8)
@@ -95,12 +95,12 @@ def is_valid_recurrent_spec(spec: KdaRecurrentSpec, target: Target, problem=None
 
 
 def specialize_recurrent(spec: KdaRecurrentSpec, problem) -> KdaRecurrentSpec | None:
-    """Problem fields filled in; a spec of another K does not match (V is the problem's, as in
-    the split enumeration)."""
-    if spec.head_dim_k != problem.head_dim_k:
+    """Problem fields filled in; a spec of another (padded) K does not match, V is the problem's
+    padded V, as in the split enumeration (a K or V the kernels lack runs zero-padded)."""
+    if not _matches(spec, problem):
         return None
     return attrs.evolve(
-        spec, head_dim_v=problem.head_dim_v, dtype=problem.dtype,
+        spec, head_dim_v=padded_head_dim(problem.head_dim_v), dtype=problem.dtype,
         gate_activation=problem.gate_activation, qk_l2norm=problem.qk_l2norm,
         beta_sigmoid=problem.beta_sigmoid, initial_state=problem.initial_state,
         state_dtype=problem.state_dtype, output_final_state=problem.output_final_state,

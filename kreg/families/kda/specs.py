@@ -301,16 +301,9 @@ def is_valid_tile_spec(spec: KdaTileSpec, target: Target, problem=None) -> Verdi
     return v
 
 
-def is_valid_scan_spec(spec: KdaScanSpec, target: Target, problem=None) -> Verdict:
-    est = spec.shared_bytes_estimate()
-    budget = target.shared_mem_per_unit // max(1, spec.min_occupancy)
-    return _shape_rules(spec.head_dim_k, spec.head_dim_v, spec.chunk, spec.dtype) & Verdict.check(
-        (_pow2(spec.block_v) and 16 <= spec.block_v <= spec.head_dim_v
-         and spec.head_dim_v % spec.block_v == 0,
-         f"block_v={spec.block_v} must be a power of 2 in [16, head_dim_v={spec.head_dim_v}]"),
-        (spec.num_warps in (1, 2, 4, 8, 16), f"num_warps={spec.num_warps} not a power of 2 <= 16"),
-        (spec.num_stages >= 1, f"num_stages={spec.num_stages} must be >= 1"),
-        (spec.min_occupancy >= 1, f"min_occupancy={spec.min_occupancy} must be >= 1"),
+def _state_rules(spec: KdaScanSpec) -> Verdict:
+    """What the scan's state options need, whichever kernel runs the scan (split or fused)."""
+    return Verdict.check(
         (spec.state_layout in ("kv", "vk"), f"state_layout={spec.state_layout!r} not kv or vk"),
         (spec.state_dtype in ("fp32", "bf16"), f"state_dtype={spec.state_dtype!r} not fp32/bf16"),
         (spec.chunk_states_dtype in CHUNK_STATE_DTYPES,
@@ -318,6 +311,20 @@ def is_valid_scan_spec(spec: KdaScanSpec, target: Target, problem=None) -> Verdi
         (not spec.output_chunk_states
          or (spec.chunk_states_size > 0 and spec.chunk_states_size % spec.chunk == 0),
          f"chunk_states_size={spec.chunk_states_size} is not a multiple of chunk={spec.chunk}"),
+    )  # fmt: skip
+
+
+def is_valid_scan_spec(spec: KdaScanSpec, target: Target, problem=None) -> Verdict:
+    est = spec.shared_bytes_estimate()
+    budget = target.shared_mem_per_unit // max(1, spec.min_occupancy)
+    rules = _shape_rules(spec.head_dim_k, spec.head_dim_v, spec.chunk, spec.dtype)
+    return rules & _state_rules(spec) & Verdict.check(
+        (_pow2(spec.block_v) and 16 <= spec.block_v <= spec.head_dim_v
+         and spec.head_dim_v % spec.block_v == 0,
+         f"block_v={spec.block_v} must be a power of 2 in [16, head_dim_v={spec.head_dim_v}]"),
+        (spec.num_warps in (1, 2, 4, 8, 16), f"num_warps={spec.num_warps} not a power of 2 <= 16"),
+        (spec.num_stages >= 1, f"num_stages={spec.num_stages} must be >= 1"),
+        (spec.min_occupancy >= 1, f"min_occupancy={spec.min_occupancy} must be >= 1"),
         (spec.segment_chunks >= 0, f"segment_chunks={spec.segment_chunks} must be >= 0"),
         (not spec.segment_chunks
          or spec.combine_shared_bytes_estimate() <= target.shared_mem_per_block,
@@ -349,6 +356,7 @@ def is_valid_fused_spec(spec: KdaChunkFusedSpec, target: Target, problem=None) -
     return (
         is_valid_tile_spec(t, target, problem)
         & _pairing_rule(t, s)
+        & _state_rules(s)
         & Verdict.check(
             (
                 not (t.looped or t.ballast_bytes),
