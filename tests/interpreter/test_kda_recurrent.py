@@ -137,7 +137,8 @@ def test_hard_resets_and_huge_gates_are_exact():
 
 
 @pytest.mark.parametrize("name,value", [("k", "nan"), ("v", "nan"), ("g", "nan"), ("g", "inf"),
-                                        ("beta", "nan"), ("k", "inf"), ("beta", "inf")])  # fmt: skip
+                                        ("beta", "nan"), ("k", "inf"), ("beta", "inf"), ("v", "inf"),
+                                        ("k", "-inf"), ("v", "-inf")])  # fmt: skip
 def test_non_finite_input_poisons_from_its_position(name, value):
     """Outputs before p bit for bit, NaN from p on (every V block, also where the bad value sits
     in another block's columns of v), final state NaN."""
@@ -213,11 +214,12 @@ def test_the_dispatcher_picks_the_recurrence_for_decode_and_split_for_prefill():
 
 
 @pytest.mark.parametrize("algorithm", [REC, "kda.split"])
-@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32, "int64-strided"])
 @pytest.mark.parametrize("layout", ["kv", "vk"])
 def test_pool_slots_are_read_and_written_in_place(index_dtype, layout, algorithm):
     """The recurrent kernel reads and writes the slots itself; the chunked form gathers and
-    scatters them around its kernels."""
+    scatters them around its kernels. Slots may be a strided view (a column of an engine's slot
+    table): the kernel once read its raw memory, other sequences' slots."""
     x = make(B=1, T=5, dtype=FP32, seed=12)
     cu = torch.tensor([0, 1, 3, 3, 5])  # four sequences, one empty
     P = 7
@@ -225,7 +227,11 @@ def test_pool_slots_are_read_and_written_in_place(index_dtype, layout, algorithm
     if layout == "vk":
         pool = pool.transpose(-1, -2).contiguous()
     before = pool.clone()
-    idx = torch.tensor([5, -1, 0, 2], dtype=index_dtype)
+    if index_dtype == "int64-strided":  # the other column holds slots of nobody here
+        idx = torch.tensor([[5, 1], [-1, 3], [0, 4], [2, 6]])[:, 0]
+        assert not idx.is_contiguous()
+    else:
+        idx = torch.tensor([5, -1, 0, 2], dtype=index_dtype)
     o, ret = api.kda_prefill(**x, initial_state=pool, initial_state_indices=idx, cu_seqlens=cu,
                              state_layout=layout, algorithm=algorithm)  # fmt: skip
     assert ret is pool, "the pool is returned, updated in place"

@@ -94,13 +94,17 @@ def kda_recurrent_kernel(
             q_t = q_t * tl.rsqrt(tl.sum(q_t * q_t) + 1e-6)
         if BETA_SIG:
             b_t = tl.sigmoid(b_t)
-        # containment: a bad token makes the decay (so the state) NaN; -inf is a valid reset
-        bad = _finite0(k_t) + _finite0(tl.where(g_t == float("-inf"), 0.0, g_t)) + b_t * 0.0
-        if BV < V:  # the whole row of v: a NaN in another block poisons this one too
-            bad += _finite0(tl.load(v + v_row + tl.arange(0, V)).to(tl.float32))
+        # containment: a non-finite k, g (-inf is a valid reset), beta or v at this token makes
+        # every entry of k_t NaN, and the S^T k reduction below carries that to every column,
+        # so the state is NaN from here on; only v (the whole row: a NaN in another block
+        # poisons this one too) needs a reduction of its own
+        poison = (k_t + tl.where(g_t == float("-inf"), 0.0, g_t) + b_t) * 0.0
+        if BV < V:
+            poison += _finite0(tl.load(v + v_row + tl.arange(0, V)).to(tl.float32))
         else:
-            bad += _finite0(v_t)
-        s = s * tl.exp(g_t + bad)[:, None]
+            poison += _finite0(v_t)
+        k_t += poison
+        s = s * tl.exp(g_t)[:, None]
         err = v_t - tl.sum(s * k_t[:, None], axis=0)  # v_t - S^T k_t  [BV]
         s = s + (b_t * k_t)[:, None] * err[None, :]
         out = tl.sum(s * (q_t * scale)[:, None], axis=0)
