@@ -241,7 +241,7 @@ def dispatch_block(registry, family: Family, explain: Callable[[list[str]], str]
     rows = ["| target | selected | spec | decided by |", "| --- | --- | --- | --- |"]
     for target in registry.targets.values():
         try:
-            sel = select(problem, target)
+            sel = select(problem, target, family=family.name)
         except NoCandidateError as e:
             first = str(e).splitlines()[0]
             rows.append(f"| {target.name} | none | — | {_md(first)} |")

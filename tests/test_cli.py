@@ -425,3 +425,13 @@ def test_build_takes_the_problem_options_explain_takes(capsys, monkeypatch):
     assert "uses none of the kernels" in capsys.readouterr().err
     assert main(["build", "kda", "--target", "gfx950", "nope=1"]) == 2
     assert "bad problem options" in capsys.readouterr().err
+
+
+def test_the_readme_demo_runs():
+    """scripts/demo.sh's last step (the README's CPU job): a small prefill under the interpreter
+    against both oracles, and fused against its bitwise pair. It once failed (the bound its
+    gate activation requires was never passed) and no test noticed."""
+    r = subprocess.run([sys.executable, "-m", "kreg.families.kda.demo"], capture_output=True,
+                       text=True, timeout=600, cwd=ROOT)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.rstrip().endswith("OK") and "bit for bit: True" in r.stdout

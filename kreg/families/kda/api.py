@@ -16,11 +16,11 @@ import attrs
 import numpy as np
 import torch
 
-from kreg.dispatch import select
 from kreg.problems import LinearAttentionProblem
 from kreg.registry.interpreter import interpreting
 
 from . import launch
+from .plugin import select_kda
 from .specs import CHUNKS, HEAD_DIMS, MAX_HEAD_DIM, padded_head_dim
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -149,8 +149,8 @@ def run_prefill(q, k, v, g, beta, *, algorithm="auto", allow_opt_in=False, targe
     (``launch.chunk_state_rows`` rows, the written ones first: what fla's ``use_graph``
     returns, the same rows whatever the offsets, as a captured graph needs)."""
     problem, call = _prepare(q, k, v, g, beta, **options)
-    selection = select(problem, target=_target(q, target), algorithm=algorithm,
-                       allow_opt_in=allow_opt_in, family="kda")  # fmt: skip
+    selection = select_kda(problem, _target(q, target), algorithm=algorithm,
+                           allow_opt_in=allow_opt_in)  # fmt: skip
     return run_selection(selection, call, problem, trim_chunk_states)
 
 

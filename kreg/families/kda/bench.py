@@ -394,21 +394,23 @@ def pairs_of(params, default_name: str = KREG_DEFAULT,
 def planned_impls(case: BenchCase, target="sm90") -> tuple[str, ...]:
     """The implementations a run would time on ``target`` (the peers whenever importable), in
     the order :func:`prepare` makes them: the pairs first, then the extra bounded rows."""
-    from kreg.dispatch import NoCandidateError, select
+    from kreg.dispatch import NoCandidateError
+
+    from .plugin import select_kda
 
     target = _target(target)
     params = case.params
     problem = problem_of(params)
-    sel = select(problem, target)
+    sel = select_kda(problem, target)
     names = []
     if has_default_pair(params):
-        dsel = select(problem_of(params, bounded=False), target)
+        dsel = select_kda(problem_of(params, bounded=False), target)
         names += [_kreg_names(dsel.candidate.name)[0], PEER]
     names += [_kreg_names(sel.candidate.name)[1], SAFE_PEER]
     if not has_extras(params):
         return tuple(names)
     try:
-        select(problem, target, algorithm="kda.fused", allow_opt_in=True)
+        select_kda(problem, target, algorithm="kda.fused", allow_opt_in=True)
         names.append(FUSED)
     except NoCandidateError:
         pass
@@ -536,9 +538,10 @@ def prepare(case: BenchCase, target, device) -> Prepared:
     extra bounded kreg rows."""
     import torch
 
-    from kreg.dispatch import NoCandidateError, select
+    from kreg.dispatch import NoCandidateError
 
     from .api import _prepare, kda_prefill, run_selection
+    from .plugin import select_kda
 
     params = case.params
     x = make_inputs(params, device, _seed(case.name))
@@ -581,21 +584,21 @@ def prepare(case: BenchCase, target, device) -> Prepared:
     default_name = bounded_name = None
     if has_default_pair(params):
         dkw = kreg_kwargs(params, x, bounded=False)
-        dsel = select(problem_of(params, bounded=False), target)
+        dsel = select_kda(problem_of(params, bounded=False), target)
         default_name = _kreg_names(dsel.candidate.name)[0]
         impls.append(kreg_impl(default_name, dsel, dkw,
                                lambda: kda_prefill(**dkw, target=target), PEER))  # fmt: skip
         impls.append(fla_impl(PEER, safe_gate=False))
     kw = kreg_kwargs(params, x)
     problem = problem_of(params)
-    sel = select(problem, target)
+    sel = select_kda(problem, target)
     bounded_name = _kreg_names(sel.candidate.name)[1]
     impls.append(kreg_impl(bounded_name, sel, kw, lambda: kda_prefill(**kw, target=target),
                            SAFE_PEER))  # fmt: skip
     impls.append(fla_impl(SAFE_PEER, safe_gate=True))
     if has_extras(params):
         try:
-            fsel = select(problem, target, algorithm="kda.fused", allow_opt_in=True)
+            fsel = select_kda(problem, target, algorithm="kda.fused", allow_opt_in=True)
             impls.append(kreg_impl(FUSED, fsel, kw, lambda: kda_prefill(
                 **kw, algorithm="kda.fused", allow_opt_in=True, target=target), SAFE_PEER))  # fmt: skip
         except NoCandidateError as e:

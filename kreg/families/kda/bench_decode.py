@@ -108,10 +108,10 @@ def problem_of(params, pool: bool = False):
 
 
 def planned_impls(case: BenchCase, target="sm90") -> tuple[str, ...]:
-    from kreg.dispatch import select
+    from .plugin import select_kda
 
     target = prefill_bench._target(target)
-    names = [main_row(select(problem_of(case.params), target)), PEER, KREG_POOL, PEER_POOL]
+    names = [main_row(select_kda(problem_of(case.params), target)), PEER, KREG_POOL, PEER_POOL]
     if case.params["T"] > 1:
         names.append(KREG_SPLIT)
     return tuple(names)
@@ -148,9 +148,8 @@ def load_fla_pooled():
 def prepare(case: BenchCase, target, device) -> Prepared:
     import torch
 
-    from kreg.dispatch import select
-
     from .api import _prepare, kda_prefill, run_selection
+    from .plugin import select_kda
 
     params = case.params
     x = prefill_bench.make_inputs(params, device, prefill_bench._seed(case.name))
@@ -167,7 +166,7 @@ def prepare(case: BenchCase, target, device) -> Prepared:
     def kreg_impl(name, kw, algorithm="auto", compare=True, peer=PEER):
         args = {**_defaults(), **kw}
         problem, call = _prepare(**{n: args[n] for n in _prepare_args()})
-        sel = select(problem, target, algorithm=algorithm)
+        sel = select_kda(problem, target, algorithm=algorithm)
         name = name or main_row(sel)
 
         def run():

@@ -30,10 +30,9 @@ import attrs
 import numpy as np
 import torch
 
-from kreg.dispatch import select
-
 from . import api, launch
 from .builders import segment_combine_launch
+from .plugin import select_kda
 from .specs import SEGMENT_CHUNKS
 
 # Segments of the open piece's map when the local scan has none (its spec's otherwise): the
@@ -193,8 +192,8 @@ def kda_prefill_cp(
         state_layout=state_layout, output_chunk_states=output_chunk_states,
         algorithm=algorithm, target=target, max_seqlen=max_seqlen,
     )  # fmt: skip
-    selection = select(cp.problem, target=cp.target, algorithm="kda.split",
-                       allow_opt_in=allow_opt_in, family="kda")  # fmt: skip
+    selection = select_kda(cp.problem, cp.target, algorithm="kda.split",
+                           allow_opt_in=allow_opt_in)  # fmt: skip
     return run_cp(cp, selection)
 
 

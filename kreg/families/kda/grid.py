@@ -392,9 +392,8 @@ def head_part(part: int, parts: int) -> list[str]:
 def bench_warm_jobs(bench_cases, target="sm90") -> list[tuple]:
     """The bench's compile plan: each kreg kernel and each fla class once, on its smallest case
     (one job per case: its kreg rows, then one per fla class)."""
-    from kreg.dispatch import select
-
     from .bench import KREG_BOUNDED, KREG_DEFAULT, PEER, SAFE_PEER
+    from .plugin import select_kda
 
     seen: set = set()
     jobs: dict[str, tuple] = {}
@@ -405,7 +404,7 @@ def bench_warm_jobs(bench_cases, target="sm90") -> list[tuple]:
             rows.append((KREG_DEFAULT, False, PEER))
         for kreg_row, bounded, fla_row in rows:
             problem = problem_of(shape, bounded=bounded)
-            keys = kernel_keys(problem, select(problem, target).spec)
+            keys = kernel_keys(problem, select_kda(problem, target).spec)
             if not keys <= seen:
                 seen |= keys
                 jobs.setdefault(case.name, (case, []))[1].append(kreg_row)

@@ -25,6 +25,7 @@ from .builders import (
 from .runtime_args import launch_shape
 
 ABI_VERSION = 1
+FAMILY_NAME = "kda"
 
 FUSED_OPT_IN_REASON = (
     "measured 2.5-50x slower than the tuned split on the H200 across the KDA scenario "
@@ -102,7 +103,7 @@ def fused_cost(spec: specs.KdaChunkFusedSpec, problem: LinearAttentionProblem, t
 
 SPLIT = Candidate(
     name="kda.split",
-    family="kda",
+    family=FAMILY_NAME,
     problem_type=LinearAttentionProblem,
     spec_types=(specs.KdaTileSpec, specs.KdaScanSpec),
     enumerate_specs=specs.enumerate_split_specs,
@@ -138,7 +139,7 @@ SPLIT = Candidate(
 
 RECURRENT = Candidate(
     name="kda.recurrent",
-    family="kda",
+    family=FAMILY_NAME,
     problem_type=LinearAttentionProblem,
     spec_types=(recurrent.KdaRecurrentSpec,),
     enumerate_specs=recurrent.enumerate_recurrent_specs,
@@ -158,7 +159,7 @@ RECURRENT = Candidate(
 
 FUSED = Candidate(
     name="kda.fused",
-    family="kda",
+    family=FAMILY_NAME,
     problem_type=LinearAttentionProblem,
     spec_types=(specs.KdaChunkFusedSpec,),
     enumerate_specs=specs.enumerate_fused_specs,
@@ -178,7 +179,7 @@ FUSED = Candidate(
 )
 
 FAMILY = Family(
-    name="kda",
+    name=FAMILY_NAME,
     problem_type=LinearAttentionProblem,
     candidates=(SPLIT, RECURRENT, FUSED),
     abi_version=ABI_VERSION,
@@ -186,6 +187,14 @@ FAMILY = Family(
     "token-serial decode",
     docs="docs/families/kda.md",
 )
+
+
+def select_kda(problem, target, **options):
+    """The dispatcher's choice among the KDA candidates only: a plugin serving the same problem
+    type never takes over KDA's calls, benchmarks, sweeps or pages."""
+    from kreg.dispatch import select
+
+    return select(problem, target, family=FAMILY_NAME, **options)
 
 
 @hookimpl

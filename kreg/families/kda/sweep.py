@@ -67,13 +67,13 @@ class ShapePlan:
 def plan_shape(shape: grid.GridShape, target) -> ShapePlan:
     """What the sweep times on ``shape`` (CPU): its pool's specs and the current choice, made
     without any cost model (``$KREG_MODELS`` is set empty for the run)."""
-    from kreg.dispatch import select
+    from .plugin import select_kda
 
     problem = grid.problem_of(shape)
     by_spec: dict = {}
     for role, spec in model.pool(problem, target):
         by_spec.setdefault(spec, []).append(role)
-    sel = select(problem, target, algorithm="split")  # the split path's choice, not decode's
+    sel = select_kda(problem, target, algorithm="split")  # the split path's, not decode's
     by_spec.setdefault(sel.spec, [])
     specs = tuple((spec_label(s), s, tuple(roles)) for s, roles in by_spec.items())
     return ShapePlan(shape, problem, specs, spec_label(sel.spec), sel.decided_by)
@@ -125,10 +125,10 @@ def prepare(case, target, device):
     import torch
 
     from kreg.bench import Impl, Prepared, Skip
-    from kreg.dispatch import select
 
     from .api import _prepare, run_selection
     from .bench import _seed, fla_kwargs, kreg_kwargs, load_fla, make_inputs
+    from .plugin import select_kda
 
     shape = grid.shape_named(case.name)
     plan = plan_shape(shape, target)
@@ -138,7 +138,7 @@ def prepare(case, target, device):
     problem, call = _prepare(**kw, state_layout="kv", output_chunk_states=False)
     if problem != plan.problem:
         raise RuntimeError(f"{case.name}: the call's problem {problem!r} is not the planned one")
-    sel = select(problem, target)
+    sel = select_kda(problem, target)
     impls: list = []
     for label, spec, roles in plan.specs:
         s = attrs.evolve(sel, spec=spec)

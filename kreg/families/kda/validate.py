@@ -209,11 +209,12 @@ def selections(models: str | None = None, target: str = "sm90") -> dict[str, dic
     ones to re-measure with the peer."""
     import os
 
-    from kreg.dispatch import clear_cache, select
+    from kreg.dispatch import clear_cache
 
     from . import grid
     from .bench import has_default_pair
     from .bench import problem_of as bench_problem
+    from .plugin import select_kda
 
     saved = os.environ.pop("KREG_MODELS", None)
     if models is not None:
@@ -227,7 +228,7 @@ def selections(models: str | None = None, target: str = "sm90") -> dict[str, dic
                 {"default": False} if has_default_pair(case.params) else {}
             )
             out[case.name] = {
-                pair: spec_label(select(bench_problem(case.params, bounded=b), tgt).spec)
+                pair: spec_label(select_kda(bench_problem(case.params, bounded=b), tgt).spec)
                 for pair, b in pairs.items()
             }
         return out
