@@ -220,6 +220,23 @@ def test_malformed_tuning_table_warns(vec, table):
         assert select(vec[0](), "sm90").decided_by == "priority"
 
 
+@pytest.mark.parametrize("change", [
+    {"header": {"abi": 1}},  # abi not a mapping
+    {"entries": [{"candidate": "testfam.simple", "bucket": "all", "spec": {}}]},
+    {"entries": [{"candidate": "testfam.simple", "spec": "fast"}]},
+], ids=["abi", "bucket", "spec"])  # fmt: skip
+def test_well_formed_json_of_the_wrong_shape_is_ignored_not_a_crash(vec, table, change):
+    """Valid JSON, wrong shapes inside a section: the section is ignored with a warning and
+    the next decides (they once raised AttributeError out of select and kda_prefill)."""
+    bad = section()
+    for key, value in change.items():
+        bad[key] = {**bad[key], **value} if isinstance(value, dict) else value
+    good = section(entries=[{"candidate": "testfam.simple", "spec": {"tile": {"block": 64}}}])
+    table([bad, good])
+    with pytest.warns(TuningWarning, match="malformed"):
+        assert select(vec[0](), "sm90").spec.tile.block == 64
+
+
 def test_packaged_tuning_table_is_valid():
     from importlib import resources
 

@@ -332,6 +332,17 @@ def test_unknown_payload_predicts_nothing(synth, model_file):
     assert select(p, SM90).decided_by.startswith("heuristic cost")
 
 
+def test_a_malformed_payload_is_ignored_with_a_warning(synth, model_file):
+    """A role offset that is not a number (valid JSON) once raised TypeError out of select."""
+    section = validate.fit_section(synth)
+    for role in section["model"]["roles"].values():
+        role["offset"] = "fast"
+    model_file(section)
+    e, p = _off_table(synth)
+    with pytest.warns(TuningWarning, match="malformed"):
+        assert select(p, SM90).decided_by.startswith("heuristic cost")
+
+
 def test_prediction_is_the_offset_plus_raw_coefficients_dot_features(synth, target):
     payload = validate.fit_payload(synth)
     p = validate.problem_of(synth["shapes"][5])

@@ -245,3 +245,130 @@ def select_default():
     from kreg.dispatch import select
 
     return select(_kda_problem(), "sm90")
+
+
+# --- hostile registrations (an audit of 2026-12-04) -----------------------------------------------
+# Each attack once passed registration and then took down every selection (kda_prefill's too),
+# took kda_prefill over, or ran unisolated; now each is refused at registration, by name.
+
+CHAMELEON = """
+class Chameleon(str):  # equal to every string: once matched family="kda" in the selector
+    def __eq__(self, other):
+        return True
+    def __ne__(self, other):
+        return False
+    __hash__ = str.__hash__
+"""
+
+HOSTILE = {
+    "problem_type_not_a_type": ("problem_type=LinearAttentionProblem,\n    spec_types",
+                                'problem_type="LinearAttentionProblem",\n    spec_types',
+                                "serves 'LinearAttentionProblem'"),
+    "priority_not_an_int": ("priority=10**6", 'priority="high"', "priority must be an int"),
+    "family_name_chameleon": ('family="evil"', 'family=Chameleon("evil")', "must be a non-empty str"),
+    "spec_types_not_types": ("spec_types=(EvilSpec,)", 'spec_types=("EvilSpec",)',
+                             "spec_types must be classes"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("attack", list(HOSTILE))
+def test_hostile_candidate_fields_are_refused_and_kda_is_untouched(plugin_env, attack):
+    old, new, message = HOSTILE[attack]
+    assert old in FOREIGN
+    plugin_env.install("evil", f"kreg_t_{attack}", CHAMELEON + FOREIGN.replace(old, new))
+    reg = plugin_env.registry()
+    assert "evil.split" not in reg.candidates
+    [(name, error)] = reg.broken
+    assert name == "evil" and message in error, error
+    assert select_default().candidate.name == "kda.split"
+    from kreg.dispatch import select
+
+    assert select(_kda_problem(), "sm90", family="kda").candidate.name == "kda.split"
+
+
+def test_an_entry_point_named_like_a_builtin_is_refused(plugin_env):
+    """``builtin:...`` names once ran a plugin's hooks unisolated (a SystemExit in a hook took
+    down kreg list, select and kda_prefill)."""
+    src = FOREIGN.replace("def kreg_register_families(register):",
+                          "def kreg_register_families(register):\n    raise SystemExit('bye')")  # fmt: skip
+    plugin_env.install("builtin:evil", "kreg_t_builtin_name", src)
+    reg = plugin_env.registry()
+    [(name, error)] = reg.broken
+    assert name == "builtin:evil" and "reserved" in error
+    assert select_default().candidate.name == "kda.split"
+
+
+def test_names_cross_kinds_only_within_one_plugin(plugin_env):
+    """A golden case named like kda's candidate once rewrote that candidate's origin (which
+    decides whether its errors are hidden as a third party's)."""
+    src = (
+        GOOD
+        + """
+from kreg.registry import GoldenCase
+from kreg_testfam.family import Tile, VecSpec
+
+@hookimpl
+def kreg_register_golden_cases(register):
+    register(GoldenCase(name="kda.split", candidate="testfam.simple", spec=VecSpec(Tile(256, 4))))
+"""
+    )
+    plugin_env.install("sly", "kreg_t_sly", src)
+    reg = plugin_env.registry()
+    [(name, error)] = reg.broken
+    assert name == "sly" and "'kda.split': the name is already registered by" in error
+    assert reg.origin["kda.split"].startswith("builtin:")
+
+
+def test_golden_case_names_differing_only_in_case_are_refused(plugin_env):
+    src = (
+        GOOD
+        + """
+from kreg.registry import GoldenCase
+from kreg_testfam.family import Tile, VecSpec
+
+@hookimpl
+def kreg_register_golden_cases(register):
+    register(GoldenCase(name="SPLIT_D128_C32", candidate="testfam.simple", spec=VecSpec(Tile(256, 4))))
+"""
+    )
+    plugin_env.install("shouty", "kreg_t_shouty", src)
+    reg = plugin_env.registry()
+    [(name, error)] = reg.broken
+    assert name == "shouty" and "only in letter case" in error
+
+
+def test_a_foreign_tie_leaves_kdas_own_ranking_alone(plugin_env):
+    """A foreign family at kda's priority once switched off the cost ranking between kda's own
+    candidates in a select without family= (kda.recurrent won prefill by name)."""
+    src = FOREIGN.replace("priority=10**6", "priority=10").replace('name="evil.split"',
+                                                                     'name="zzz.split"')  # fmt: skip
+    src = src.replace('family="evil"', 'family="zzz"').replace('name="evil"', 'name="zzz"')
+    plugin_env.install("zzz", "kreg_t_zzz", src)
+    reg = plugin_env.registry()
+    assert "zzz.split" in reg.candidates and reg.broken == []
+    sel = select_default()
+    assert sel.candidate.name == "kda.split"  # kda's cost ranking, then the families by name
+    [entry] = [e for e in sel.trace if e.candidate == "zzz.split" and e.stage == "ranked"]
+    assert not entry.ok and "by name" in entry.reason
+
+
+def test_a_foreign_cost_that_raises_is_isolated_in_the_ranking(plugin_env):
+    src = FOREIGN.replace('description="takes over everything"',
+                          'description="x", cost=lambda spec, problem, target: exit(5)')  # fmt: skip
+    plugin_env.install("evil", "kreg_t_evil_cost", src)
+    plugin_env.registry()
+    sel = select_default()
+    assert sel.candidate.name == "kda.split"
+    [entry] = [e for e in sel.trace if e.candidate == "evil.split" and e.stage == "ranked"]
+    assert "its ranking of this third-party candidate raised SystemExit: 5" in entry.reason
+
+
+def test_a_rule_that_prints_keeps_list_json_parseable(plugin_env, capsys):
+    src = FOREIGN.replace("enumerate_specs=lambda target: [EvilSpec()]",
+                          "enumerate_specs=lambda target: print('hello') or [EvilSpec()]")  # fmt: skip
+    plugin_env.install("evil", "kreg_t_evil_prints", src)
+    plugin_env.registry()
+    assert main(["list", "--json"]) == 0
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert any(c["name"] == "evil.split" for c in data["candidates"]) and "hello" in err

@@ -9,6 +9,8 @@ family its docs page (an absolute path in a checkout, null from a wheel, which s
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections import Counter
 
 from ._util import dump_json, registry, table, wrap
@@ -38,7 +40,8 @@ def coverage(candidate, target) -> dict:
     if candidate.targets is not None and target.name not in candidate.targets:
         return {"supported": False}
     try:
-        return _coverage(candidate, target)
+        with contextlib.redirect_stdout(sys.stderr):  # a plugin's prints never reach --json
+            return _coverage(candidate, target)
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001 - a plugin's rules must not take the listing down

@@ -183,34 +183,47 @@ def tuned_spec(
     """The spec of the first matching tuning entry, with a description; None without one."""
     bucket = problem.bucket() if hasattr(problem, "bucket") else {}
     for s_index, section in enumerate(tuning_sections()):
-        header = section["header"]
-        entries = [e for e in section["entries"] if e["candidate"] == candidate.name]
-        if not entries:
+        try:
+            found = _tuned_in_section(candidate, family, specs, bucket, target, s_index, section)
+        except (AttributeError, KeyError, TypeError, ValueError) as e:  # well-formed JSON, but
+            warnings.warn(f"tuning table section {s_index} malformed, ignored: "  # not a table
+                          f"{type(e).__name__}: {e}", TuningWarning, stacklevel=2)  # fmt: skip
             continue
-        where = f"section {s_index} (target {target.name}, triton {header.get('triton')})"
-        if not _applies(header, family, target, f"tuning {where}"):
+        if found is not None:
+            return found
+    return None
+
+
+def _tuned_in_section(candidate, family, specs, bucket, target, s_index, section):
+    """``tuned_spec`` for one section (None where it has no matching entry)."""
+    header = section["header"]
+    entries = [e for e in section["entries"] if e["candidate"] == candidate.name]
+    if not entries:
+        return None
+    where = f"section {s_index} (target {target.name}, triton {header.get('triton')})"
+    if not _applies(header, family, target, f"tuning {where}"):
+        return None
+    for entry in entries:
+        if not _subset(entry.get("bucket", {}), bucket):
             continue
-        for entry in entries:
-            if not _subset(entry.get("bucket", {}), bucket):
-                continue
-            for spec in specs:
-                if _subset(entry.get("spec", {}), _spec_fields(spec)):
-                    return spec, f"tuning table entry {entry.get('spec', {})} for bucket " + (
-                        f"{entry.get('bucket', {})} ({where})"
-                    )
-            # An entry whose specs are all invalid for this problem (say, a block-anchor entry
-            # for unbounded gates) simply does not apply; one that names no spec of the
-            # enumeration at all is stale.
-            if not any(
-                _subset(entry.get("spec", {}), _spec_fields(spec))
-                for spec in candidate.enumerate_specs(target)
-            ):
-                warnings.warn(
-                    f"tuning {where}: entry {entry} for {candidate.name} matches no spec of the "
-                    f"{target.name} enumeration, ignored",
-                    TuningWarning,
-                    stacklevel=2,
+        for spec in specs:
+            if _subset(entry.get("spec", {}), _spec_fields(spec)):
+                return spec, f"tuning table entry {entry.get('spec', {})} for bucket " + (
+                    f"{entry.get('bucket', {})} ({where})"
                 )
+        # An entry whose specs are all invalid for this problem (say, a block-anchor entry
+        # for unbounded gates) simply does not apply; one that names no spec of the
+        # enumeration at all is stale.
+        if not any(
+            _subset(entry.get("spec", {}), _spec_fields(spec))
+            for spec in candidate.enumerate_specs(target)
+        ):
+            warnings.warn(
+                f"tuning {where}: entry {entry} for {candidate.name} matches no spec of the "
+                f"{target.name} enumeration, ignored",
+                TuningWarning,
+                stacklevel=2,
+            )
     return None
 
 
@@ -225,10 +238,15 @@ def modelled_spec(
         header = section["header"]
         if header.get("candidate") != candidate.name:
             continue
-        if not _applies(header, family, target, f"cost model {name}"):
+        try:
+            if not _applies(header, family, target, f"cost model {name}"):
+                continue
+            preds = [p for p in candidate.predict(section["model"], specs, problem, target)
+                     if p.spec in specs and isinstance(p.ms, (int, float)) and p.ms == p.ms]  # fmt: skip
+        except (AttributeError, KeyError, TypeError, ValueError) as e:  # a malformed payload
+            warnings.warn(f"cost model {name} malformed for {candidate.name}, ignored: "
+                          f"{type(e).__name__}: {e}", TuningWarning, stacklevel=2)  # fmt: skip
             continue
-        preds = [p for p in candidate.predict(section["model"], specs, problem, target)
-                 if p.spec in specs]  # fmt: skip
         if not preds:
             continue
         ranked = sorted(preds, key=lambda p: p.ms)

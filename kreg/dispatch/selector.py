@@ -121,7 +121,8 @@ def _select(registry, problem, target, algorithm, allow_opt_in, family=None) -> 
         if family not in registry.families:
             known = ", ".join(registry.families) or "(none)"
             raise ValueError(f"unknown family {family!r}; known: {known}")
-        candidates = [c for c in candidates if c.family == family]
+        own = {id(c) for c in registry.families[family].candidates}  # the family's own objects
+        candidates = [c for c in candidates if id(c) in own]
         if not candidates:
             raise NoCandidateError(
                 f"family {family!r} does not serve {type(problem).__name__} "
@@ -143,16 +144,7 @@ def _select(registry, problem, target, algorithm, allow_opt_in, family=None) -> 
     for c in candidates:
         if pinned is not None and c is not pinned:
             continue
-        try:
-            specs = _evaluate(c, problem, target, trace)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as e:  # noqa: BLE001 - a third-party rule may even sys.exit()
-            if registry.origin.get(c.name, "").startswith(BUILTIN_PREFIX):
-                raise  # a bug in a built-in family is never hidden
-            why = f"a rule of this third-party candidate raised {type(e).__name__}: {e}"
-            trace.append(TraceEntry(c.name, "spec", False, why[:300]))
-            continue
+        specs = _guarded(registry, c, "a rule", trace, _evaluate, c, problem, target, trace)
         if specs:
             passed.append((c, specs))
 
@@ -165,34 +157,39 @@ def _select(registry, problem, target, algorithm, allow_opt_in, family=None) -> 
             eligible.append((c, specs))
     # The highest priority ranks first. Several candidates of one family at that priority are
     # ranked by the estimated cost of each one's chosen spec (a family's costs share one unit),
-    # then by name; candidates of different families, or without a cost, by name.
-    top = eligible[0][0].priority if eligible else None
-    tied = [(c, specs) for c, specs in eligible if c.priority == top]
-    chosen = []
-    for c, specs in tied:
-        spec, decided_by = ranker.choose_spec(c, registry.families[c.family], specs, problem,
-                                              target)  # fmt: skip
-        cost = c.cost(spec, problem, target) if c.cost is not None else None
-        chosen.append((c, spec, decided_by, cost))
-    by_cost = (
-        len(chosen) > 1
-        and len({x[0].family for x in chosen}) == 1
-        and all(x[3] is not None for x in chosen)
-    )
-    if by_cost:
-        chosen.sort(key=lambda x: x[3])  # stable: equal costs keep the name order
+    # then by name; the families tied there by the name of each one's best candidate (so a
+    # foreign family at the same priority never reorders a family's own candidates).
+    groups: dict[str, list] = {}
+    while eligible and not groups:  # a third party whose ranking raises drops out
+        top = eligible[0][0].priority
+        for c, specs in [(c, specs) for c, specs in eligible if c.priority == top]:
+            ranked = _guarded(registry, c, "its ranking", trace, _rank, registry, c, specs,
+                              problem, target)  # fmt: skip
+            if ranked is None:
+                eligible.remove((c, specs))
+            else:
+                groups.setdefault(c.family, []).append((c, *ranked))
+    costed = set()
+    for fam, members in groups.items():
+        if len(members) > 1 and all(_is_cost(x[3]) for x in members):
+            members.sort(key=lambda x: x[3])  # stable: equal costs keep the name order
+            costed.add(fam)
+    chosen = [x for fam in sorted(groups, key=lambda f: groups[f][0][0].name) for x in groups[fam]]
     winner = chosen[0][:3] if chosen else None
+    by_cost = winner is not None and winner[0].family in costed
     tied_cost = {x[0].name: x[3] for x in chosen}
     for c, _ in eligible:
         if c is winner[0]:
             why = f"selected (priority {c.priority}); {winner[2]}"
             if by_cost:
-                rivals = ", ".join(f"{n} {v:.4g}" for n, v in tied_cost.items() if n != c.name)
+                rivals = ", ".join(f"{x[0].name} {x[3]:.4g}" for x in groups[c.family]
+                                   if x[0] is not c)  # fmt: skip
                 why += f"; cost {tied_cost[c.name]:.4g} beats {rivals} at the same priority"
             trace.append(TraceEntry(c.name, "ranked", True, why))
         elif c.name in tied_cost:
+            same = c.family == winner[0].family
             why = (f"estimated cost {tied_cost[c.name]:.4g} > {tied_cost[winner[0].name]:.4g}"
-                   if by_cost else "by name")  # fmt: skip
+                   if by_cost and same else "by name")  # fmt: skip
             trace.append(TraceEntry(c.name, "ranked", False, f"outranked by {winner[0].name} "
                                     f"(same priority {c.priority}, {why})"))  # fmt: skip
         else:
@@ -208,6 +205,33 @@ def _select(registry, problem, target, algorithm, allow_opt_in, family=None) -> 
             trace_t,
         )
     return Selection(winner[0], winner[1], target, trace_t, winner[2])
+
+
+def _guarded(registry, c: Candidate, what: str, trace: list, fn, *args):
+    """``fn(*args)``; where a third-party candidate's code raises (even SystemExit), a trace
+    entry and None instead. A built-in family's error is a bug, never hidden."""
+    try:
+        return fn(*args)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - a third-party rule may even sys.exit()
+        if registry.origin.get(c.name, "").startswith(BUILTIN_PREFIX):
+            raise
+        why = f"{what} of this third-party candidate raised {type(e).__name__}: {e}"
+        trace.append(TraceEntry(c.name, "spec" if what == "a rule" else "ranked", False,
+                                why[:300]))  # fmt: skip
+        return None
+
+
+def _rank(registry, c: Candidate, specs: list, problem, target: Target) -> tuple:
+    """(spec, why it was chosen, estimated cost or None) of candidate ``c``."""
+    spec, decided_by = ranker.choose_spec(c, registry.families[c.family], specs, problem, target)
+    cost = c.cost(spec, problem, target) if c.cost is not None else None
+    return spec, decided_by, cost
+
+
+def _is_cost(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # not NaN
 
 
 def _evaluate(c: Candidate, problem, target: Target, trace: list) -> list:

@@ -211,7 +211,7 @@ def load_registry(plugins: str | Any | None = _ENV, *, builtins=BUILTIN_PLUGINS)
         if step.argv_changed:
             warnings.append((plugin, f"{what} changed sys.argv (restored)"))
 
-    for ep in _entry_points(plugins, broken):
+    for ep in _not_builtin(_entry_points(plugins, broken), broken):
         discovered[ep.name] = _plugin_info(ep)
         step = _Isolated()
         obj = step.run(ep.load)
@@ -316,6 +316,18 @@ def _entry_points(allow: str | None, broken: list) -> list[importlib.metadata.En
     return [ep for ep in eps if ep.name in names]
 
 
+def _not_builtin(eps: list, broken: list) -> list:
+    """Entry points named like a built-in (``builtin:...``) would run unisolated: refused."""
+    out = []
+    for ep in eps:
+        if ep.name.startswith(BUILTIN_PREFIX):
+            broken.append((ep.name, f"entry point names may not start with {BUILTIN_PREFIX!r} "
+                                    "(reserved for kreg's own plugins)"))  # fmt: skip
+        else:
+            out.append(ep)
+    return out
+
+
 def _call_hooks(pm, loaded: list[str], fail, argv_warning) -> dict[str, list[tuple[type, Any]]]:
     """Call each hook plugin by plugin, in PHASES order, staging what each registers."""
     staged: dict[str, list[tuple[type, Any]]] = {p: [] for p in loaded}
@@ -366,37 +378,79 @@ def _check(reg: Registry, plugin: str, kind: type, obj: Any) -> None:
         raise RegistrationError(plugin, message)
 
     def claim(table: dict, what: str, name: str, value: Any) -> None:
+        _plain_str(name, f"{what} name", bad)
         if name in table:
             bad(f"duplicate {what} {name!r} (already registered by {reg.origin[name]!r})")
+        if reg.origin.get(name, plugin) != plugin:  # one name, one owner, whatever its kind
+            bad(f"{what} {name!r}: the name is already registered by {reg.origin[name]!r}")
         table[name] = value
         reg.origin[name] = plugin
 
     if not isinstance(obj, kind):
         bad(f"registered {type(obj).__name__} {obj!r:.60} where a {kind.__name__} was expected")
     if kind is Target:
+        _check_target(obj, bad)
         claim(reg.targets, "target", obj.name, obj)
     elif kind is Family:
+        if not inspect.isclass(obj.problem_type):
+            bad(f"family {obj.name!r}: problem_type {obj.problem_type!r:.60} is not a class")
         for c in obj.candidates:
             _check_candidate(reg, obj, c, bad)
         claim(reg.families, "family", obj.name, obj)
         for c in obj.candidates:
             claim(reg.candidates, "candidate", c.name, c)
     elif kind is GoldenCase:
+        _plain_str(obj.candidate, f"golden case {obj.name!r}: candidate", bad)
         if obj.candidate not in reg.candidates:
             bad(f"golden case {obj.name!r} names unknown candidate {obj.candidate!r}")
+        # the golden file's keys must stay distinct on case-insensitive file systems and reviews
+        twin = next((n for n in reg.golden_cases if n.lower() == str(obj.name).lower()), None)
+        if twin is not None and twin != obj.name:
+            bad(f"golden case {obj.name!r} differs from {twin!r} (by "
+                f"{reg.origin[twin]!r}) only in letter case")  # fmt: skip
         unknown = sorted(set(obj.targets or ()) - set(reg.targets))
         if unknown:
             bad(f"golden case {obj.name!r} names unknown targets {unknown}")
         claim(reg.golden_cases, "golden case", obj.name, obj)
     else:
+        _plain_str(obj.family, f"scenario {obj.name!r}: family", bad)
         if obj.family not in reg.families:
             bad(f"scenario {obj.name!r} names unknown family {obj.family!r}")
         claim(reg.scenarios, "scenario", obj.name, obj)
 
 
+def _plain_str(value: Any, what: str, bad) -> None:
+    """Names are compared and hashed by the registry and the dispatcher: a ``str`` subclass
+    could answer ``==`` as it likes (and match every family), so only ``str`` itself passes."""
+    if type(value) is not str or not value:
+        bad(f"{what} must be a non-empty str, got {type(value).__name__} {value!r:.60}")
+
+
+def _check_target(t: Target, bad) -> None:
+    ints = ("warp_size", "compute_units", "shared_mem_per_unit", "shared_mem_per_block",
+            "registers_per_unit", "max_registers_per_thread")  # fmt: skip
+    for field in ints:
+        value = getattr(t, field)
+        if type(value) is not int or value <= 0:
+            bad(f"target {t.name!r}: {field} must be a positive int, got {value!r:.60}")
+    if not all(type(d) is str for d in t.devices):
+        bad(f"target {t.name!r}: devices must be strings, got {t.devices!r:.80}")
+
+
 def _check_candidate(reg: Registry, family: Family, c: Any, bad) -> None:
     if not isinstance(c, Candidate):
         bad(f"family {family.name!r} lists {type(c).__name__} {c!r:.60}, not a Candidate")
+    _plain_str(c.name, "candidate name", bad)
+    _plain_str(c.family, f"candidate {c.name!r}: family", bad)
+    if c.problem_type is not family.problem_type:
+        bad(f"candidate {c.name!r} serves {c.problem_type!r:.60}, its family "
+            f"{family.name!r} {family.problem_type!r:.60}")  # fmt: skip
+    if type(c.priority) is not int:
+        bad(f"candidate {c.name!r}: priority must be an int, got {c.priority!r:.60}")
+    if not all(inspect.isclass(t) for t in c.spec_types):
+        bad(f"candidate {c.name!r}: spec_types must be classes, got {c.spec_types!r:.80}")
+    if c.targets is not None and not all(type(t) is str for t in c.targets):
+        bad(f"candidate {c.name!r}: targets must be target names, got {c.targets!r:.80}")
     prefix, _, short = c.name.partition(".")
     if prefix != family.name or not short:
         bad(f"candidate {c.name!r} must be named '{family.name}.<name>'")
