@@ -204,17 +204,13 @@ def _problem_reasons(registry, c: Candidate) -> list[tuple[str, str]]:
     if probe is None or c.specialize is None:
         return []
     target = next(iter(registry.targets.values()))
-    base = probe.make("bf16", 128)
+    base = probe.make(registry.families[c.family], "bf16", 128)
     variations: list[tuple[str, Any]] = [("default problem", base)]
     for option in probe.options:
         try:
             variations.append((option.label, attrs.evolve(base, **option.overrides)))
         except (ValueError, TypeError):
             continue
-    try:
-        variations.append(("gate='scalar'", attrs.evolve(base, gate="scalar")))
-    except (ValueError, TypeError):
-        pass
     out: list[tuple[str, str]] = []
     seen: set[str] = set()
     hardware_ok = [s for s in c.enumerate_specs(target) if c.is_valid(s, target).ok]
@@ -237,7 +233,7 @@ def _problem_reasons(registry, c: Candidate) -> list[tuple[str, str]]:
 def dispatch_block(registry, family: Family, explain: Callable[[list[str]], str]) -> str:
     from kreg.dispatch import NoCandidateError, select
 
-    problem = family.problem_type.from_options({})
+    problem = family.problem()
     rows = ["| target | selected | spec | decided by |", "| --- | --- | --- | --- |"]
     for target in registry.targets.values():
         try:
@@ -252,7 +248,8 @@ def dispatch_block(registry, family: Family, explain: Callable[[list[str]], str]
         )
     command = ["explain", family.name, "--target", EXPLAIN_TARGET]
     return (
-        f"For the default problem (`{family.problem_type.__name__}.from_options({{}})`):\n\n"
+        f"For the family's default problem (`{family.problem_type.__name__}.from_options("
+        f"{dict(family.default_options)})`):\n\n"
         + "\n".join(rows)
         + f"\n\nThe evidence, `kreg {' '.join(command)}`:\n\n```text\n"
         + explain(command).rstrip()

@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 
 from kreg.checkout import PACKAGE_PARENT, repo_root
+from kreg.registry.manager import BUILTIN_PREFIX
 from kreg.registry.model import Candidate, Target, Verdict
 
 ROOT = PACKAGE_PARENT
@@ -37,6 +38,8 @@ VERIFICATION = {
 INTERPRETER_TARGET = "sm90"
 INTERPRETER = "interpreter-verified (CPU, fp16/fp32, on the specs this target selects)"
 NOT_INTERPRETED = f"its own specs never run (the interpreter lane runs {INTERPRETER_TARGET}'s)"
+# kreg's lanes (GPU, interpreter, goldens in golden/) cover its built-in families only
+THIRD_PARTY = "third-party (kreg's lanes run none of it: see its own project)"
 
 
 def default_path(root: Path | None = None) -> Path:
@@ -59,20 +62,25 @@ class Probe:
     """How to build probe problems of one problem type."""
 
     dtypes: tuple[str, ...]
-    make: Callable[[str, int], Any]  # (dtype, head_dim) -> problem, or raises ValueError
+    # (family, dtype, head_dim) -> the family's problem (its default options) of that dtype and
+    # head dim, or raises ValueError
+    make: Callable[[Any, str, int], Any]
     options: tuple[Option, ...]
 
 
 def _linear_attention_probe() -> tuple[type, Probe]:
     from kreg.problems import linear_attention as la
 
-    def make(dtype: str, head_dim: int):
-        return la.LinearAttentionProblem.from_options({"K": head_dim, "dtype": dtype})
+    def make(family, dtype: str, head_dim: int):
+        return family.problem({"K": str(head_dim), "dtype": dtype})
 
     options = [
         Option("gate activations", act, {"gate_activation": act}
                | ({"gate_lower_bound": -5.0} if act == "sigmoid_bound" else {}))
         for act in la.GATE_ACTIVATIONS
+    ]  # fmt: skip
+    options += [
+        Option("options", f"{gate} gate", {"gate": gate}) for gate in la.GATE_KINDS
     ]  # fmt: skip
     options += [
         Option("options", "qk_l2norm", {"qk_l2norm": True}),
@@ -227,11 +235,14 @@ def candidate_row(registry, c: Candidate, target: Target, golden_counts: dict) -
     unclaimed: dict[str, str] = {}
     probe = probes().get(c.problem_type)
     if probe is not None:
-        cells, features, unclaimed = _probe(c, target, valid_specs, enumerated, probe)
+        family = registry.families[c.family]
+        cells, features, unclaimed = _probe(c, family, target, valid_specs, enumerated, probe)
     verification = "; ".join([
         VERIFICATION.get(target.verification, target.verification),
         INTERPRETER if target.name == INTERPRETER_TARGET else NOT_INTERPRETED,
     ])  # fmt: skip
+    if not registry.origin.get(c.name, "").startswith(BUILTIN_PREFIX):
+        verification = THIRD_PARTY
     return Row(
         **base, supported=True, opt_in=c.opt_in, opt_in_reason=c.opt_in_reason,
         enumerated=len(enumerated), valid=len(valid_specs),
@@ -241,12 +252,12 @@ def candidate_row(registry, c: Candidate, target: Target, golden_counts: dict) -
     )  # fmt: skip
 
 
-def _probe(c: Candidate, target: Target, specs: list, enumerated: list, probe: Probe):
+def _probe(c: Candidate, family, target: Target, specs: list, enumerated: list, probe: Probe):
     cells: list[Cell] = []
     unclaimed: dict[str, str] = {}
     for dtype in probe.dtypes:
         for d in PROBE_HEAD_DIMS:
-            problem = probe.make(dtype, d)
+            problem = probe.make(family, dtype, d)
             seen = set()
             for spec in specs:
                 verdict = c.accepts(problem)
@@ -266,7 +277,7 @@ def _probe(c: Candidate, target: Target, specs: list, enumerated: list, probe: P
         # claimed dtype) at the largest claimed head dim
         dtype = "bf16" if any(x.dtype == "bf16" for x in cells) else cells[0].dtype
         d = max(x.head_dim_k for x in cells if x.dtype == dtype)
-        base = probe.make(dtype, d)
+        base = probe.make(family, dtype, d)
         for option in probe.options:
             try:
                 problem = attrs.evolve(base, **option.overrides)

@@ -245,6 +245,7 @@ def test_ctrl_c_exits_130_in_one_line(capsys, monkeypatch, argv):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(kreg.registry, "get_registry", interrupted)
+    monkeypatch.setattr(kreg.registry.manager, "load_registry", lambda *a, **k: interrupted())
     assert main(argv) == 130
     out, err = capsys.readouterr()
     assert out == "" and err == "kreg: interrupted\n"

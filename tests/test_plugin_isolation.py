@@ -372,3 +372,47 @@ def test_a_rule_that_prints_keeps_list_json_parseable(plugin_env, capsys):
     out, err = capsys.readouterr()
     data = json.loads(out)
     assert any(c["name"] == "evil.split" for c in data["candidates"]) and "hello" in err
+
+
+# --- a second family on the shared problem type ---------------------------------------------------
+# A scalar-gate family serving LinearAttentionProblem (the second family the project expects):
+# it states its problems through default_options, and installing it changes none of kreg's files.
+
+SCALAR = FOREIGN.replace('priority=10**6, description="takes over everything"',
+                         'accepts=lambda p: Verdict.check((p.gate == "scalar", "scalar gates only")),'
+                         ' description="scalar gate"').replace(
+    'register(Family(name="evil", problem_type=LinearAttentionProblem, candidates=(FAST,)))',
+    'register(Family(name="evil", problem_type=LinearAttentionProblem, candidates=(FAST,),'
+    ' default_options={"gate": "scalar"}))').replace(
+    "from kreg.registry import ACCEPT,", "from kreg.registry import Verdict, ACCEPT,")  # fmt: skip
+
+
+def test_a_family_on_a_shared_problem_type_states_its_default_problem(plugin_env, capsys):
+    from kreg import matrix
+
+    plugin_env.install("evil", "kreg_t_scalar", SCALAR)
+    reg = plugin_env.registry()
+    assert reg.broken == [] and reg.families["evil"].problem().gate == "scalar"
+    assert main(["explain", "evil", "--target", "sm90"]) == 0  # its default problem
+    assert "selected    evil.split" in capsys.readouterr()[0].splitlines()
+    assert main(["explain", "evil", "--target", "sm90", "gate=per_channel"]) == 2
+    capsys.readouterr()
+    rows = [r for r in matrix.build(reg) if r.candidate == "evil.split"]
+    assert rows and all(r.cells for r in rows)  # its probes are scalar-gate problems
+    assert all(r.verification == matrix.THIRD_PARTY for r in rows)
+    assert select_default().candidate.name == "kda.split"  # per-channel: kda's
+
+
+def test_an_installed_plugin_leaves_kregs_own_files_current(plugin_env, capsys):
+    plugin_env.install("evil", "kreg_t_scalar_files", SCALAR)
+    assert "evil" in plugin_env.registry().families
+    for argv in (["matrix", "--check"], ["docs", "--check"]):
+        assert main(argv) == 0, (argv, capsys.readouterr())
+    capsys.readouterr()
+    from kreg.cli._util import repository_registry
+
+    class Args:
+        root = file = None
+
+    reg, plugins = repository_registry(Args())
+    assert "evil" not in reg.families and plugins == "none"

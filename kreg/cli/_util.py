@@ -20,6 +20,20 @@ def registry():
     return get_registry()
 
 
+def repository_registry(args):
+    """(registry, $KREG_PLUGINS for compile workers) whose families the repository files of a
+    command hold. kreg's own files (no ``--root`` / ``--file``) describe kreg's built-in
+    families only, whatever plugins are installed beside it (an installed plugin never makes
+    kreg's checks stale); files of one's own describe every family installed."""
+    import os
+
+    if getattr(args, "root", None) is None and getattr(args, "file", None) is None:
+        from kreg.registry.manager import load_registry
+
+        return load_registry("none"), "none"
+    return registry(), os.environ.get("KREG_PLUGINS")
+
+
 def get_target(name: str):
     targets = registry().targets
     if name not in targets:
@@ -52,7 +66,7 @@ def problem_from_options(family, options: dict[str, str]):
     if not hasattr(problem_type, "from_options"):
         raise CliError(f"family {family.name!r}: {problem_type.__name__} has no from_options()")
     try:
-        return problem_type.from_options(dict(options))
+        return family.problem(options)
     except (ValueError, TypeError, KeyError) as e:
         raise CliError(f"bad problem options for {family.name}: {e}") from e
 

@@ -3,7 +3,7 @@ and print each kernel's resource use, or one IR stage.
 
 CANDIDATE is a candidate name, or a family name for the candidate the dispatcher selects for
 the family's default problem. Without ``--spec`` the spec is the one the dispatcher selects for
-the default problem (``problem_type.from_options({})``), else (no problem options given) the
+the default problem (``family.problem()``), else (no problem options given) the
 first valid enumerated spec; problem options the candidate cannot serve are an error;
 ``--spec field=value`` overrides fields of it (``tile.chunk=32`` for nested specs). The kernels
 are the ones a launch for that default problem runs (Triton specialises them on its integer
@@ -177,7 +177,7 @@ def _default_problem(family):
     if from_options is None:
         return None
     try:
-        return from_options({})
+        return family.problem()
     except (ValueError, TypeError, KeyError):
         return None
 

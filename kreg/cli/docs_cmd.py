@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ._util import dump_json, registry
+from ._util import dump_json, repository_registry
 
 
 def add_parser(subparsers):
@@ -28,7 +28,7 @@ def run(args) -> int:
     from kreg.checkout import repo_root
 
     root = repo_root(args.root)  # an installed kreg needs --root: never writes site-packages
-    reg = registry()
+    reg, _ = repository_registry(args)
     if args.check:
         problems = docsgen.stale(reg, root)
         if args.json:

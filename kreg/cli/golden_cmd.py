@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from ._util import CliError, dump_json, registry, wrap
+from ._util import CliError, dump_json, registry, repository_registry, wrap
 
 STAGES = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
 
@@ -51,12 +51,11 @@ def add_parser(subparsers):
 def run(args) -> int:
     from kreg import golden
 
-    reg = registry()
     if args.golden_command == "diff":
-        return _diff(golden, reg, args)
+        return _diff(golden, registry(), args)
+    reg, plugins = repository_registry(args)
     quiet = args.quiet or args.json
     progress = None if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    plugins = os.environ.get("KREG_PLUGINS")
     path = args.file or golden.default_path(args.root)  # an installed kreg needs --root or --file
     if args.golden_command == "check":
         if not path.is_file():  # nothing to check against is a mistake, not a pass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ._util import dump_json, registry, table
+from ._util import dump_json, registry, repository_registry, table
 
 
 def add_parser(subparsers):
@@ -30,6 +30,7 @@ def run(args) -> int:
 
     reg = registry()
     if args.check or args.write:  # an installed kreg needs --root or --file: never site-packages
+        reg, _ = repository_registry(args)
         args.file = args.file or matrix.default_path(args.root)
     if args.check:
         ok, message = matrix.check(reg, args.file)

@@ -144,6 +144,17 @@ class Family:
     abi_version: int = 1  # bump when tuning-table entries stop applying
     description: str = ""
     docs: str = ""  # path of the per-family docs page, relative to the repository root
+    # key=value options every problem of the family starts from where none are given (kreg
+    # explain / build, the docs' dispatch table, the matrix's probe problems): a family sharing
+    # a problem type states what its problems are (a scalar-gate family: {"gate": "scalar"})
+    default_options: tuple[tuple[str, str], ...] = attrs.field(
+        default=(), converter=lambda d: tuple(sorted(dict(d).items()))
+    )
+
+    def problem(self, options: Mapping[str, str] | None = None):
+        """The problem ``problem_type.from_options`` builds from the family's default options,
+        then ``options``."""
+        return self.problem_type.from_options({**dict(self.default_options), **(options or {})})
 
 
 @attrs.frozen
