@@ -198,7 +198,7 @@ def test_user_error_subprocess(kreg):
     assert r.returncode == 2
     assert r.stdout == ""
     assert r.stderr.splitlines() == [
-        "kreg: error: no candidate serves VecProblem(n=0, dtype='fp32') on sm90 | "
+        "kreg: error: no candidate serves VecProblem(n=0) on sm90 | "
         "testfam.fast: problem: n must be positive | testfam.simple: problem: n must be positive"
     ]
 

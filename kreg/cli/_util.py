@@ -9,6 +9,8 @@ from typing import Any
 
 import attrs
 
+from kreg.registry.model import short_repr  # noqa: F401  (the CLI's reprs)
+
 
 class CliError(Exception):
     """A user mistake: reported as one ``kreg: error:`` line, exit status 2."""
@@ -180,22 +182,6 @@ def dump_json(data: Any) -> str:
 
 WIDTH = 100  # columns every table and message of the CLI fits in
 _MIN_COLUMN = 12
-
-
-def short_repr(obj: Any) -> str:
-    """``repr`` of an attrs value with only the fields that differ from their defaults (fields
-    without a default always), nested values likewise: ``KdaScanSpec(chunk=32, block_v=32)``."""
-    if not attrs.has(type(obj)):
-        return repr(obj)
-    parts = []
-    for f in attrs.fields(type(obj)):
-        if not f.repr:
-            continue
-        value = getattr(obj, f.name)
-        default = f.default.factory() if isinstance(f.default, attrs.Factory) else f.default
-        if f.default is attrs.NOTHING or value != default:
-            parts.append(f"{f.name}={short_repr(value)}")
-    return f"{type(obj).__name__}({', '.join(parts)})"
 
 
 def wrap(text: str, width: int = WIDTH, indent: str = "") -> str:

@@ -16,7 +16,7 @@ import attrs
 
 from kreg.registry import get_registry
 from kreg.registry.manager import BUILTIN_PREFIX
-from kreg.registry.model import Candidate, Target
+from kreg.registry.model import Candidate, Target, short_repr
 
 from . import ranker
 
@@ -199,9 +199,9 @@ def _select(registry, problem, target, algorithm, allow_opt_in, family=None) -> 
     if winner is None:
         what = f"candidate {pinned.name}" if pinned else "no candidate"
         raise NoCandidateError(
-            f"{what} cannot serve {problem!r} on {target.name}"
+            f"{what} cannot serve {short_repr(problem)} on {target.name}"
             if pinned
-            else f"{what} serves {problem!r} on {target.name}",
+            else f"{what} serves {short_repr(problem)} on {target.name}",
             trace_t,
         )
     return Selection(winner[0], winner[1], target, trace_t, winner[2])

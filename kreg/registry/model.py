@@ -177,3 +177,19 @@ class Scenario:
     description: str
     cases: Callable[[], Sequence[Any]]  # cheap, no GPU needed (``kreg bench --list``)
     run: Callable[..., Any]  # run(cases, **options) -> results; needs a GPU
+
+
+def short_repr(obj: Any) -> str:
+    """``repr`` of an attrs value with only the fields that differ from their defaults (fields
+    without a default always), nested values likewise: ``KdaScanSpec(chunk=32, block_v=32)``."""
+    if not attrs.has(type(obj)):
+        return repr(obj)
+    parts = []
+    for f in attrs.fields(type(obj)):
+        if not f.repr:
+            continue
+        value = getattr(obj, f.name)
+        default = f.default.factory() if isinstance(f.default, attrs.Factory) else f.default
+        if f.default is attrs.NOTHING or value != default:
+            parts.append(f"{f.name}={short_repr(value)}")
+    return f"{type(obj).__name__}({', '.join(parts)})"

@@ -149,7 +149,7 @@ RECURRENT = Candidate(
             spec, target, launch_shape(problem)
         )
     },
-    accepts=recurrent.accepts_recurrent,
+    accepts=lambda problem: accepts(problem) & recurrent.accepts_recurrent(problem),
     specialize=recurrent.specialize_recurrent,
     cost=recurrent.recurrent_cost,
     priority=10,

@@ -109,9 +109,8 @@ def specialize_recurrent(spec: KdaRecurrentSpec, problem) -> KdaRecurrentSpec | 
 
 
 def accepts_recurrent(problem) -> Verdict:
+    """What the recurrence adds to the family's problem rules (``plugin.accepts``)."""
     return Verdict.check(
-        (problem.gate == "per_channel",
-         f"gate={problem.gate!r}: KDA gates are per-channel (broadcast a scalar gate over K)"),
         (not problem.output_chunk_states,
          "output_chunk_states: chunk states belong to the chunked form (kda.split serves them)"),
     )  # fmt: skip
