@@ -298,21 +298,25 @@ def test_an_entry_point_named_like_a_builtin_is_refused(plugin_env):
     assert select_default().candidate.name == "kda.split"
 
 
-def test_names_cross_kinds_only_within_one_plugin(plugin_env):
-    """A golden case named like kda's candidate once rewrote that candidate's origin (which
-    decides whether its errors are hidden as a third party's)."""
-    src = (
+def _with_golden_case(name: str) -> str:
+    """The testfam plugin, plus one golden case named ``name``."""
+    return (
         GOOD
-        + """
+        + f"""
 from kreg.registry import GoldenCase
 from kreg_testfam.family import Tile, VecSpec
 
 @hookimpl
 def kreg_register_golden_cases(register):
-    register(GoldenCase(name="kda.split", candidate="testfam.simple", spec=VecSpec(Tile(256, 4))))
+    register(GoldenCase(name={name!r}, candidate="testfam.simple", spec=VecSpec(Tile(256, 4))))
 """
     )
-    plugin_env.install("sly", "kreg_t_sly", src)
+
+
+def test_names_cross_kinds_only_within_one_plugin(plugin_env):
+    """A golden case named like kda's candidate once rewrote that candidate's origin (which
+    decides whether its errors are hidden as a third party's)."""
+    plugin_env.install("sly", "kreg_t_sly", _with_golden_case("kda.split"))
     reg = plugin_env.registry()
     [(name, error)] = reg.broken
     assert name == "sly" and "'kda.split': the name is already registered by" in error
@@ -320,18 +324,7 @@ def kreg_register_golden_cases(register):
 
 
 def test_golden_case_names_differing_only_in_case_are_refused(plugin_env):
-    src = (
-        GOOD
-        + """
-from kreg.registry import GoldenCase
-from kreg_testfam.family import Tile, VecSpec
-
-@hookimpl
-def kreg_register_golden_cases(register):
-    register(GoldenCase(name="SPLIT_D128_C32", candidate="testfam.simple", spec=VecSpec(Tile(256, 4))))
-"""
-    )
-    plugin_env.install("shouty", "kreg_t_shouty", src)
+    plugin_env.install("shouty", "kreg_t_shouty", _with_golden_case("SPLIT_D128_C32"))
     reg = plugin_env.registry()
     [(name, error)] = reg.broken
     assert name == "shouty" and "only in letter case" in error

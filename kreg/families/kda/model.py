@@ -303,7 +303,7 @@ def fit(samples: Sequence[Sample], ridges: Sequence[float] = RIDGES) -> dict:
     import numpy as np
 
     counts = {r.name: sum(r.name in s.times for s in samples) for r in ROLES}
-    dims = {r: sorted({round(2 ** (s.times[r][0]["k"] + 7)) for s in samples if r in s.times})
+    dims = {r: sorted({_head_dim_k(s.times[r][0]) for s in samples if r in s.times})
             for r in counts}  # fmt: skip
     roles = [r.name for r in ROLES if counts[r.name] >= MIN_SHAPES]
     cv = {str(a): regret_stats(_regrets(list(samples), roles, a)) for a in ridges}
@@ -328,9 +328,14 @@ def predict_ms(payload: Mapping, role: str, feats: Mapping[str, float]) -> float
     offset says nothing of a kernel never timed there (the K = 256 segmented scans, valid since
     the row-blocked combine, until a sweep times them)."""
     entry = payload.get("roles", {}).get(role)
-    if entry is None or round(2 ** (feats["k"] + 7)) not in entry.get("head_dims", ()):
+    if entry is None or _head_dim_k(feats) not in entry.get("head_dims", ()):
         return None
     return 2.0 ** (entry["offset"] + sum(c * feats[n] for n, c in payload["coef"].items()))
+
+
+def _head_dim_k(feats: Mapping[str, float]) -> int:
+    """The kernels' head dim K that the feature ``k`` (log2(K) - 7, :func:`features`) encodes."""
+    return round(2 ** (feats["k"] + 7))
 
 
 def payload_ok(payload: Mapping) -> bool:
