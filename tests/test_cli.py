@@ -165,6 +165,7 @@ def test_build_stage(kreg):
         (["matrix", "--write", "--file", "/nonexistent/x.md"], "No such file or directory"),
         (["matrix", "--check", "--file", "/"], "Is a directory"),
         (["golden", "check", "--file", "/nonexistent/g.json"], "no golden file there"),
+        (["matrix", "--json", "--markdown"], "not allowed with argument --json"),
     ],
 )
 def test_user_errors_one_line_exit_2(testfam, capsys, argv, message):

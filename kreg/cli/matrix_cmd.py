@@ -19,8 +19,9 @@ def add_parser(subparsers):
     mode.add_argument("--check", action="store_true", help="exit 1 if SUPPORT_MATRIX.md is stale")
     p.add_argument("--file", type=Path, help="matrix file (default: SUPPORT_MATRIX.md at the root)")
     p.add_argument("--root", type=Path, help="repository root (default: the kreg checkout)")
-    p.add_argument("--json", action="store_true", help="print the rows, or the outcome, as JSON")
-    p.add_argument("--markdown", action="store_true",
+    form = p.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="print the rows, or the outcome, as JSON")
+    form.add_argument("--markdown", action="store_true",
                    help="print the whole Markdown file (wide) instead of the terminal table")  # fmt: skip
     return p
 
