@@ -378,6 +378,33 @@ def test_ridge_is_chosen_by_cross_validation_on_the_fit_shapes_only(synth):
     assert model.fit(validate.samples(synth, "fit")[:30], ridges=(0.5,))["ridge"] == 0.5
 
 
+def _kda_grid_script():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "kda_grid.py"
+    spec = importlib.util.spec_from_file_location("kda_grid_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_sweep_too_small_to_fit_gives_a_model_that_predicts_nothing(synth, tmp_path, capsys):
+    """The GPU smoke sweep (two shapes) measures no role on MIN_SHAPES shapes: the fit leaves
+    every role out and says so (it crashed in _solve on the empty design), validation still
+    evaluates every shape, and the CLI refuses to write such a model over the packaged one."""
+    small = dict(synth, shapes=[e for e in synth["shapes"] if e["name"] in SMOKE])
+    assert len(small["shapes"]) == 2
+    payload = validate.fit_payload(small)
+    assert payload["roles"] == {} and "no role measured on" in payload["unfitted"]
+    assert model.payload_ok(payload)
+    rows = validate.evaluate(small, payload)
+    assert [r["name"] for r in rows] == list(SMOKE) and all(r["role"] is None for r in rows)
+    sweep_file, out = tmp_path / "sweep.json", tmp_path / "model.json"
+    sweep_file.write_text(json.dumps(small))
+    assert _kda_grid_script().main(["fit", str(sweep_file), "--out", str(out)]) == 2
+    assert not out.exists() and "left as it is" in capsys.readouterr().err
+
+
 def test_role_features_follow_the_spec(target):
     """Segments shorten the chain and multiply the programs; a narrower V block adds V blocks."""
     p = validate.problem_of({"params": grid.params_of(grid.shape_named(
