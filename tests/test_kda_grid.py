@@ -14,7 +14,7 @@ import attrs
 import pytest
 
 from kreg.dispatch import TuningWarning, clear_cache, select
-from kreg.families.kda import grid, model, sweep, validate
+from kreg.families.kda import gate_regimes, grid, model, sweep, validate
 from kreg.registry import get_registry
 
 SM90 = "sm90"
@@ -40,6 +40,13 @@ def test_grid_covers_the_axes_within_bounds():
     assert any(s.production and s.lengths for s in g) and any(s.production and not s.lengths
                                                               for s in g)  # fmt: skip
     assert {x.gate for x in g if not x.production} == {"bounded", "unbounded"}
+    # every gate regime, each admitting the promise the sweep measures; the engines' head dims
+    assert set(s["regimes"]) == set(gate_regimes.BY_NAME)
+    for x in g:
+        assert ("bounded" if x.gate == "bounded" else "default") in grid.pairs(x), x
+        assert grid.params_of(x)["regime"] == x.regime
+    assert {(96, 96), (192, 192), (256, 256)} <= set(s["head_dims"])
+    assert {x.regime for x in g if x.production} == {"bounded", "softplus"}
     for x in g:
         assert x.work <= grid.WORK_MAX and x.T % 16 == 0, x
         if x.lengths:
@@ -433,7 +440,9 @@ def test_bench_compile_plan_covers_every_row(target):
     need = set()
     for case in cases:
         shape = grid.shape_named(case.name)
-        for name in [KREG_BOUNDED] + ([] if shape.production else [KREG_DEFAULT]):
+        for name in [
+            KREG_BOUNDED if pair == "bounded" else KREG_DEFAULT for pair in grid.pairs(shape)
+        ]:
             p = grid.problem_of(shape, bounded=name == KREG_BOUNDED)
             need |= grid.kernel_keys(p, select(p, SM90).spec)
     assert launched == need and fla == grid.fla_classes()
@@ -590,7 +599,7 @@ def test_changed_lists_the_cases_a_model_moves(tmp_path):
     heuristic = validate.selections(os.devnull)
     moved = [n for n in same if same[n] != heuristic[n]]
     assert moved and len(moved) < len(same)
-    assert all(set(v) <= {"default", "bounded"} and "bounded" in v for v in same.values())
+    assert all(tuple(v) == grid.pairs(grid.shape_named(n)) for n, v in same.items())
     clear_cache()
 
 
