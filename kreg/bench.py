@@ -837,6 +837,13 @@ def table_rows(results: dict) -> list[list[str]]:
     return rows
 
 
+def _pair_ms(row: dict) -> str:
+    """A pair row's ms, marked where it is not a CUDA-graph median (capture failed: events
+    around eager calls, host work included; the row's note says why)."""
+    ms = _fmt(row.get("ms"), ".3f", "not timed")
+    return ms + (" (events)" if row.get("ms") and row.get("method") == "do_bench" else "")
+
+
 def pair_header(results: dict) -> list[str]:
     return PAIR_HEADER[:1] + [REGIME] * _has_regimes(results) + PAIR_HEADER[1:]
 
@@ -861,9 +868,8 @@ def pair_rows(results: dict) -> list[list[str]]:
                 case["name"] if first else "",
                 *([(case.get("params") or {}).get(REGIME, "–") if first else ""] * regimes),
                 p["label"],
-                p["impl"] + (" ⚠" if a.get("flagged") else ""),
-                _fmt(ms_a, ".3f", "not timed"), p["peer"] + (" ⚠" if b.get("flagged") else ""),
-                _fmt(ms_b, ".3f", "not timed"),
+                p["impl"] + (" ⚠" if a.get("flagged") else ""), _pair_ms(a),
+                p["peer"] + (" ⚠" if b.get("flagged") else ""), _pair_ms(b),
                 _fmt(ratio, ".2f") + (f" ({p['peer']} / {p['impl']})" if ratio else ""),
             ])  # fmt: skip
             first = False

@@ -466,6 +466,11 @@ def test_run_case_ratios_within_pairs(monkeypatch):
     assert res["references"] == ["kreg.split", "fla"]
     md = bench.markdown({"cases": [res]})
     assert "| c | default | kreg.split | 2.000 | fla | 3.000 | 1.50 (fla / kreg.split) |" in md
+    # a row that could not be captured says so in the pair table (and its note says why)
+    rows["kreg.split"].update(method="do_bench", note="CUDA graph capture failed (x)")
+    md = bench.markdown({"cases": [res]})
+    assert "| kreg.split | 2.000 (events) | fla | 3.000 |" in md
+    assert "kreg.split: CUDA graph capture failed (x)" in md
 
 
 # --- rendering ------------------------------------------------------------------------------------
