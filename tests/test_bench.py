@@ -80,6 +80,8 @@ def test_pairs_follow_the_regime():
         pairs = {x.label: x for x in kda.pairs_of(p)}
         if regime == "bounded" or (regime == "legacy" and p["production"]):
             assert set(pairs) == {"bounded"}  # a sigmoid bound in the kernel needs its bound
+            with pytest.raises(ValueError, match="has no default pair"):
+                kda.problem_of(p, bounded=False)
         elif regime == "legacy":
             assert set(pairs) == {"default", "bounded"}
         else:  # gates below -5 (or -inf): no bound to promise
