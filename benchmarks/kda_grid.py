@@ -71,6 +71,10 @@ def cmd_fit(args) -> int:
 
     sw = validate.load_sweep(args.sweep)
     section = validate.fit_section(sw, source=f"benchmarks/kda_grid.py fit {args.sweep}")
+    if not section["model"]["roles"]:  # would replace a working model by one predicting nothing
+        print(f"kda_grid fit: {section['model']['unfitted']}; {args.out} left as it is",
+              file=sys.stderr)  # fmt: skip
+        return 2
     with open(args.out, "w") as f:
         json.dump(section, f, indent=1)
         f.write("\n")

@@ -117,9 +117,11 @@ class BenchError(RuntimeError):
 
 
 def filter_cases(cases: Sequence[BenchCase], substrings: Sequence[str] | None):
+    """The cases whose name contains one of ``substrings`` or that carry one as a tag (a
+    family's named selection, e.g. ``kda``'s ``quick``)."""
     if not substrings:
         return list(cases)
-    return [c for c in cases if any(s in c.name for s in substrings)]
+    return [c for c in cases if any(s in c.name or s in c.tags for s in substrings)]
 
 
 def impl_selected(name: str, patterns: Sequence[str] | None) -> bool:
@@ -671,7 +673,9 @@ def _run_case(case, prepare, target, device, timer, budget, patterns, copy_gbs, 
 
 
 def _compare(outs: Mapping[str, Any], outputs: Mapping, references: Sequence[str], name: str):
-    """{reference: {output name: rel RMS}} for every reference that ran (not itself)."""
+    """{reference: {output name: rel RMS}} for every reference that ran (not itself). A
+    reference output that is not finite judges nothing (a peer that does not serve the inputs,
+    e.g. fla's default on -inf gates): its own row is flagged against the other reference."""
     import torch
 
     res: dict[str, dict[str, float]] = {}
@@ -681,7 +685,7 @@ def _compare(outs: Mapping[str, Any], outputs: Mapping, references: Sequence[str
         errs = {}
         for key, t in outs.items():
             other = outputs[ref].get(key)
-            if t is None or other is None:
+            if t is None or other is None or not bool(torch.isfinite(other).all()):
                 continue
             if not bool(torch.isfinite(t).all()):
                 errs[key] = math.inf
@@ -783,6 +787,7 @@ TABLE_HEADER = [
     "× peer", "peer", "rel err vs ref 1", "rel err vs ref 2", "timing",
 ]  # fmt: skip
 PAIR_HEADER = ["case", "pair", "kreg row", "kreg ms", "peer row", "peer ms", "× peer"]
+REGIME = "regime"  # a case param (the gates it fed): a column of the pair table where present
 
 
 def is_paired(results: dict) -> bool:
@@ -832,8 +837,25 @@ def table_rows(results: dict) -> list[list[str]]:
     return rows
 
 
+def _pair_ms(row: dict) -> str:
+    """A pair row's ms, marked where it is not a CUDA-graph median (capture failed: events
+    around eager calls, host work included; the row's note says why)."""
+    ms = _fmt(row.get("ms"), ".3f", "not timed")
+    return ms + (" (events)" if row.get("ms") and row.get("method") == "do_bench" else "")
+
+
+def pair_header(results: dict) -> list[str]:
+    return PAIR_HEADER[:1] + [REGIME] * _has_regimes(results) + PAIR_HEADER[1:]
+
+
+def _has_regimes(results: dict) -> bool:
+    return any(REGIME in (c.get("params") or {}) for c in results.get("cases", []))
+
+
 def pair_rows(results: dict) -> list[list[str]]:
-    """One row per case and like-with-like pair: both rows' ms and the ratio within the pair."""
+    """One row per case and like-with-like pair: both rows' ms and the ratio within the pair
+    (and the case's gate regime, where the cases record one)."""
+    regimes = _has_regimes(results)
     rows = []
     for case in results.get("cases", []):
         by = {r["impl"]: r for r in case["rows"]}
@@ -843,10 +865,11 @@ def pair_rows(results: dict) -> list[list[str]]:
             ms_a, ms_b = a.get("ms"), b.get("ms")
             ratio = ms_b / ms_a if ms_a and ms_b else None
             rows.append([
-                case["name"] if first else "", p["label"],
-                p["impl"] + (" ⚠" if a.get("flagged") else ""),
-                _fmt(ms_a, ".3f", "not timed"), p["peer"] + (" ⚠" if b.get("flagged") else ""),
-                _fmt(ms_b, ".3f", "not timed"),
+                case["name"] if first else "",
+                *([(case.get("params") or {}).get(REGIME, "–") if first else ""] * regimes),
+                p["label"],
+                p["impl"] + (" ⚠" if a.get("flagged") else ""), _pair_ms(a),
+                p["peer"] + (" ⚠" if b.get("flagged") else ""), _pair_ms(b),
                 _fmt(ratio, ".2f") + (f" ({p['peer']} / {p['impl']})" if ratio else ""),
             ])  # fmt: skip
             first = False
@@ -907,7 +930,7 @@ def markdown(results: dict, plot_name: str | None = None) -> str:
         if unpaired:
             lines.append(f"- no pair timed: {', '.join(unpaired)}")
         lines.append("")
-        lines += _md_table(PAIR_HEADER, prs)
+        lines += _md_table(pair_header(results), prs)
         lines += ["", "### Every row", ""]
     lines += _md_table(TABLE_HEADER, table_rows(results))
     lines.append("")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,7 @@ import pytest
 from kreg import bench
 from kreg.cli import main
 from kreg.families.kda import bench as kda
+from kreg.families.kda import gate_regimes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,71 +38,102 @@ def test_cases_cover_required_shapes():
     cases = kda.cases()
     names = [c.name for c in cases]
     assert len(names) == len(set(names))
+    by = {(kda.shape_name(c.params["B"], c.params["T"], c.params["H"],
+                          lengths=c.params["lengths"], production=c.params["production"],
+                          K=c.params["K"]), c.params["regime"]): c for c in cases}  # fmt: skip
+    assert len(by) == len(cases)
     for c in cases:
         p = c.params
-        assert (p["K"], p["V"], p["dtype"], p["lower_bound"], p["HV"]) == (128, 128, "bf16", -5.0,
-                                                                           p["H"])  # fmt: skip
-    plain = {(c.params["B"], c.params["T"], c.params["H"]): c for c in cases
-             if not c.params["lengths"] and not c.params["production"]}  # fmt: skip
-    for shape in [(1, 2048, 32), (1, 8192, 32), (4, 8192, 32), (16, 8192, 32), (1, 65536, 4),
-                  (1, 65536, 32)]:  # fmt: skip
-        assert shape in plain, shape
-    sweep = sorted(c.bh for c in cases if "sweep" in c.tags)
-    assert sweep == [4, 8, 16, 32, 64, 128, 256, 512]
-    assert all(c.params["T"] == 8192 for c in cases if "sweep" in c.tags)
-    assert min(c.params["T"] for c in cases) == 2048
-    assert max(c.params["T"] for c in cases) == 65536
-    varlen = [c for c in cases if c.params["lengths"]]
-    assert {c.params["production"] for c in varlen} == {False, True}
-    for c in varlen:
-        assert c.params["lengths"] == [1300, 547, 2048, 963, 271, 3063]
-        assert c.params["B"] == 1 and c.params["T"] == 8192 and c.params["H"] == 32
-    prod = [c for c in cases if c.params["production"]]
-    assert {(c.params["B"], c.params["T"], c.params["H"], bool(c.params["lengths"]))
-            for c in prod} == {(1, 8192, 32, False), (1, 8192, 32, True)}  # fmt: skip
+        assert (p["dtype"], p["lower_bound"], p["HV"], p["K"]) == ("bf16", -5.0, p["H"], p["V"])
+        assert c.name.endswith("-" + p["regime"])
+    for B, T, H in kda.MAIN_SHAPES:
+        for r in ("softplus", "softplus_pre", "bounded", "legacy"):
+            assert (f"b{B}-t{T}-h{H}", r) in by
+    for shape in ("b1-t8192-h32", "b4-t8192-h32", "varlen6-t8192-h32"):
+        assert {r for s, r in by if s == shape} == set(gate_regimes.BY_NAME), shape
+    sweep = [c for c in cases if "sweep" in c.tags]
+    assert sorted(c.bh for c in sweep) == [4, 8, 16, 32, 64, 128, 256, 512]
+    assert {c.params["regime"] for c in sweep} == {"softplus"}  # one series per row in the plot
+    assert all(c.params["T"] == 8192 for c in sweep)
     for c in cases:
-        pairs = ("kreg.split.bounded", "fla.safe_gate", "kreg.fused.bounded")
-        if c.params["production"]:  # sigmoid_bound needs its bound: the bounded pair only
-            assert c.impls[:3] == pairs and "kreg.split" not in c.impls and "fla" not in c.impls
-        else:  # like with like: default vs default, bounded vs safe_gate, on the same inputs
-            assert c.impls[:5] == ("kreg.split", "fla", *pairs)
-        assert 2 <= len([i for i in c.impls if i.startswith("split.bounded[")]) <= 3
-
-
-def test_pairs_are_like_with_like():
-    for c in kda.cases():
-        pairs = {p.label: p for p in kda.pairs_of(c.params)}
-        bounded = pairs["bounded"]
-        assert (bounded.impl, bounded.peer) == ("kreg.split.bounded", "fla.safe_gate")
-        assert "lower_bound=-5.0" in bounded.text
-        if c.params["production"]:
-            assert set(pairs) == {"bounded"} and "bounded by construction" in bounded.text
-            assert "use_gate_in_kernel=True, safe_gate=True" in bounded.text
-            with pytest.raises(ValueError):
-                kda.problem_of(c.params, bounded=False)
+        if c.params["lengths"]:
+            assert c.params["lengths"] == [1300, 547, 2048, 963, 271, 3063]
+            assert c.params["B"] == 1 and c.params["T"] == 8192 and c.params["H"] == 32
+    prod = {(s, r) for s, r in by if s.startswith("prod-")}
+    assert prod == {(s, r) for s in ("prod-b1-t8192-h32", "prod-varlen6-t8192-h32")
+                    for r in ("bounded", "softplus")}  # fmt: skip
+    dims = {c.params["K"] for c in cases}
+    assert {96, 128, 192, 256} == dims
+    # extras (fused, spec variants) on the legacy gates only, where both pairs run
+    for c in cases:
+        variants = [i for i in c.impls if i.startswith("split.bounded[")]
+        if c.params["regime"] == "legacy" and not c.params["production"]:
+            assert 2 <= len(variants) <= 3 and "kreg.fused.bounded" in c.impls
         else:
-            assert (pairs["default"].impl, pairs["default"].peer) == ("kreg.split", "fla")
-            assert kda.problem_of(c.params, bounded=False).gate_lower_bound is None
-        assert kda.problem_of(c.params).gate_lower_bound == -5.0
+            assert not variants and "kreg.fused.bounded" not in c.impls
 
 
-def test_spec_variants_are_valid_and_distinct():
-    from kreg.dispatch import select
-    from kreg.families.kda import specs
-    from kreg.registry import get_registry
+def test_pairs_follow_the_regime():
+    for c in kda.cases():
+        p = c.params
+        regime = p["regime"]
+        pairs = {x.label: x for x in kda.pairs_of(p)}
+        if regime == "bounded" or (regime == "legacy" and p["production"]):
+            assert set(pairs) == {"bounded"}  # a sigmoid bound in the kernel needs its bound
+            with pytest.raises(ValueError, match="has no default pair"):
+                kda.problem_of(p, bounded=False)
+        elif regime == "legacy":
+            assert set(pairs) == {"default", "bounded"}
+        else:  # gates below -5 (or -inf): no bound to promise
+            assert set(pairs) == {"default"}
+            with pytest.raises(ValueError, match="has no bounded pair"):
+                kda.problem_of(p, bounded=True)
+        if "bounded" in pairs:
+            b = pairs["bounded"]
+            assert (b.impl, b.peer) == ("kreg.split.bounded", "fla.safe_gate")
+            assert "safe_gate=True, lower_bound=-5.0" in b.text
+            assert kda.problem_of(p, bounded=True).gate_lower_bound == -5.0
+        if "default" in pairs:
+            d = pairs["default"]
+            assert (d.impl, d.peer) == ("kreg.split", "fla") and "safe_gate" not in d.text
+            assert kda.problem_of(p, bounded=False).gate_lower_bound is None
+        for x in pairs.values():
+            assert "kreg.compat.fla.chunk_kda(**kw)" in x.text and f"`{regime}` gates" in x.text
+            assert ("use_gate_in_kernel=True" in x.text) == (
+                regime in ("bounded", "softplus", "heavy") or (regime == "legacy"
+                                                              and p["production"]))  # fmt: skip
+            assert ("cu_seqlens (device only)" in x.text) == bool(p["lengths"])
+            assert "cu_seqlens_cpu" not in x.text
+        # a varlen case adds one host-offsets kreg row per pair, against the pair's peer
+        cpu = [i for i in c.impls if i.endswith(kda.CPU_OFFSETS)]
+        assert cpu == ([x.impl + kda.CPU_OFFSETS for x in pairs.values()]
+                       if p["lengths"] else [])  # fmt: skip
 
-    target = get_registry().targets["sm90"]
-    for case in kda.cases():
-        problem = kda.problem_of(case.params)
-        sel = select(problem, target)
-        variants = kda.split_variants(problem, target, sel.spec)
-        labels = [kda.spec_label(v, sel.spec) for v in variants]
-        assert len(set(variants)) == len(variants) and sel.spec not in variants
-        assert len(set(labels)) == len(labels)
-        assert any(v.tile.chunk != sel.spec.tile.chunk for v in variants)
-        assert any(v.scan.block_v != sel.spec.scan.block_v for v in variants)
-        for v in variants:
-            assert specs.is_valid_split_spec(v, target, problem).ok
+
+def test_quick_set_covers_every_regime_on_few_fla_classes():
+    """The affordable device run: every new regime, the engines' head dims and varlen, on at
+    most 10 fla autotuning classes (fla tunes per class in the measuring process)."""
+    quick = [c for c in kda.cases() if kda.QUICK in c.tags]
+    assert bench.filter_cases(kda.cases(), ["quick"]) == quick
+    assert 10 <= len(quick) <= 20
+    assert {c.params["regime"] for c in quick} == set(kda.NEW_REGIMES)
+    assert any(c.params["lengths"] for c in quick) and any(c.params["K"] == 256 for c in quick)
+    assert any(c.params["T"] == 2048 for c in quick) and any(c.params["H"] == 4 for c in quick)
+    classes = {kda.fla_class(c.params, pair) for c in quick for pair in kda.pair_names(c.params)}
+    assert len(classes) <= 10, sorted(classes)
+    pairs = {pair for c in quick for pair in kda.pair_names(c.params)}
+    assert pairs == {"default", "bounded"}
+    # the compile plan warms each fla class once (fla autotunes per class), every row's kreg
+    # kernels, and a legacy case's extra rows
+    from kreg.families.kda import grid
+
+    jobs = grid.bench_warm_jobs(quick)
+    fla = [kda.fla_class(case.params, "bounded" if n == "fla.safe_gate" else "default")
+           for case, names in jobs for n in names if n.startswith("fla")]  # fmt: skip
+    assert sorted(fla) == sorted(classes)
+    legacy = next(c for c in kda.cases() if c.name == "b1-t8192-h32-legacy")
+    warmed = {n for case, names in grid.bench_warm_jobs([legacy]) for n in names}
+    assert warmed == {n for n in legacy.impls if not n.endswith(kda.CPU_OFFSETS)}
 
 
 # --- formulas -----------------------------------------------------------------------------------
@@ -111,18 +144,26 @@ def test_flop_formula_by_hand():
     per = 98304 + 81920 + 4096 / 3
     assert kda.kda_flops(1, 1) == pytest.approx(per)
     assert per == pytest.approx(181589.333, abs=1e-3)
-    case = next(c for c in kda.cases() if c.name == "b1-t2048-h32")
+    case = next(c for c in kda.cases() if c.name == "b1-t2048-h32-softplus")
     assert case.flops == pytest.approx(2048 * 32 * per)
 
 
 def test_byte_formula_by_hand():
     assert kda.kda_bytes(1, 1, 1, final_state=False) == 10 * 128 + 2 == 1282
-    plain = next(c for c in kda.cases() if c.name == "b1-t2048-h32")
+    plain = next(c for c in kda.cases() if c.name == "b1-t2048-h32-legacy")
     # q, k, v, g, o in bf16 + beta, then the fp32 final state of 32 heads
     assert plain.bytes == 2048 * 32 * 1282 + 32 * 128 * 128 * 4 == 86_114_304
-    prod = next(c for c in kda.cases() if c.name == "prod-varlen6-t8192-h32")
-    # + fp32 initial state of 6 sequences, + A_log [32] and dt_bias [32*128] fp32
-    assert prod.bytes == 8192 * 32 * 1282 + 6 * 32 * 128 * 128 * 8 + (32 + 32 * 128) * 4
+    # the raw gate in bf16 + A_log [32] and dt_bias [32*128] fp32
+    gate = (32 + 32 * 128) * 4
+    assert next(c for c in kda.cases() if c.name == "b1-t2048-h32-softplus").bytes == (
+        plain.bytes + gate
+    )
+    # a precomputed fp32 g: 2 more bytes per element
+    pre = next(c for c in kda.cases() if c.name == "b1-t2048-h32-softplus_pre")
+    assert pre.bytes == plain.bytes + 2048 * 32 * 128 * 2
+    prod = next(c for c in kda.cases() if c.name == "prod-varlen6-t8192-h32-bounded")
+    # + fp32 initial state of 6 sequences
+    assert prod.bytes == 8192 * 32 * 1282 + 6 * 32 * 128 * 128 * 8 + gate
 
 
 def test_row_metrics():
@@ -145,77 +186,214 @@ def test_rel_rms():
 # --- inputs and argument mapping (CPU) -----------------------------------------------------------
 
 
-def _small(**kw):
-    return kda.make_case(1, 64, 2, head_dim=32, dtype="fp32", **kw)
+def _small(regime="legacy", **kw):
+    return kda.make_case(1, 64, 2, head_dim=32, dtype="fp32", regime=regime, **kw)
 
 
-def test_inputs_respect_the_gate_bound():
+def _inputs(case, seed=1):
     import torch
 
-    for case in (_small(), _small(lengths=(40, 24)), _small(production=True)):
-        x = kda.make_inputs(case.params, torch.device("cpu"), 1)
-        if case.params["production"]:
-            assert x["initial_state"].dtype == torch.float32
-            assert x["A_log"].shape == (2,) and x["dt_bias"].shape == (2 * 32,)
-            continue
-        g = x["g"]
-        assert bool((g <= 0).all()) and bool((g >= -5).all()) and bool((g != 0).all())
-        assert bool((x["beta"] > 0).all()) and bool((x["beta"] < 1).all())
-        assert torch.allclose(x["q"].norm(dim=-1), torch.ones(1, 64, 2), atol=1e-5)
-        if case.params["lengths"]:
-            assert x["cu_seqlens_cpu"].tolist() == [0, 40, 64]
-            assert x["cu_seqlens"].dtype == torch.int64
+    return kda.make_inputs(case.params, torch.device("cpu"), seed)
+
+
+def test_regime_table():
+    """One frozen table; names unique; every regime's pairs, formula and parameters stated; the
+    GATES.md block is its render."""
+    names = [r.name for r in gate_regimes.REGIMES]
+    assert len(set(names)) == len(names) and set(kda.NEW_REGIMES) < set(names)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        gate_regimes.REGIMES[0].mean = 0.0  # type: ignore[misc]
+    for r in gate_regimes.REGIMES:
+        assert r.activation in gate_regimes.FORMULAS and r.source and r.pairs
+        assert set(r.pairs) <= {"default", "bounded"}
+        if "bounded" in r.pairs:  # values that keep the promise g >= -5
+            assert r.activation == "sigmoid_bound" and not r.resets
+    with pytest.raises(ValueError, match="unknown gate regime 'nope'"):
+        gate_regimes.regime_of({"regime": "nope"})
+    assert gate_regimes.regime_of({}).name == "legacy"  # results and benches before the regimes
+    text = (ROOT / gate_regimes.GATES_MD).read_text()
+    assert gate_regimes.rendered(text) == text, (
+        "docs/kda/GATES.md's regime table is stale: python -m kreg.families.kda.gate_regimes"
+    )
+    assert "## Gate regimes the benchmark feeds" in text
+    for r in gate_regimes.REGIMES:
+        assert f"| `{r.name}` |" in text
+
+
+@pytest.mark.parametrize("regime", [r.name for r in gate_regimes.REGIMES])
+def test_inputs_per_regime(regime):
+    """Each regime's gate statistics (per token and channel, ~250k values) and how it is passed."""
+    import torch
+    import torch.nn.functional as F
+
+    case = kda.make_case(1, 512, 32, head_dim=128, regime=regime)  # bf16 as the scenario
+    x = _inputs(case)
+    r = gate_regimes.BY_NAME[regime]
+    g = x["g"]
+    if r.in_kernel:  # the raw gate in bf16, activated by the kernel from A_log and dt_bias
+        assert g.dtype == torch.bfloat16 and x["A_log"].shape == (32,)
+        assert x["dt_bias"].shape == (32 * 128,) and x["A_log"].dtype == torch.float32
+        g = gate_regimes.activate(r.activation, g, x["A_log"], x["dt_bias"])
+    else:
+        assert x["A_log"] is None and x["dt_bias"] is None
+        assert g.dtype == (torch.float32 if r.g_fp32 else torch.bfloat16)
+    g = g.float()
+    finite = g[torch.isfinite(g)]
+    assert bool((g <= 0).all())
+    assert finite.mean().item() == pytest.approx(r.mean, rel=0.15)
+    if "bounded" in r.pairs:
+        assert finite.min().item() >= -5.0
+    if regime == "heavy":
+        assert finite.mean().item() <= -5 and finite.min().item() < -40
+    if regime == "softplus":
+        assert finite.min().item() < -10  # an unbounded tail
+        # the formula with its own A_log and dt_bias, and softplus_pre is that, precomputed
+        want = -x["A_log"].exp().view(32, 1) * F.softplus(
+            x["g"].float() + x["dt_bias"].view(32, 128)
+        )
+        torch.testing.assert_close(g, want)
+        pre = _inputs(kda.make_case(1, 512, 32, regime="softplus_pre"))
+        assert torch.equal(pre["g"], want) and pre["g"].dtype == torch.float32
+        for k in ("q", "k", "v", "beta"):  # one seed per shape: the same tensors
+            assert torch.equal(pre[k], x[k])
+    if regime == "resets":
+        rows = (~torch.isfinite(g)).all(dim=(-2, -1))  # whole token rows: every head, channel
+        assert 1 <= int(rows.sum()) <= gate_regimes.RESET_ROWS
+        assert bool((g[~rows] > -math.inf).all())
+        assert g[torch.isinf(g)].eq(-math.inf).all()
+    else:
+        assert bool(torch.isfinite(g).all())
+
+
+def test_legacy_inputs_are_the_earlier_benchmarks():
+    """``legacy`` (the default) draws what make_inputs drew before the regimes, on the same seed:
+    g = -5 sigmoid(exp(A_log)(x + dt_bias)) in bf16, A_log = log U(0.5, 2), dt_bias ~ 0.5 N."""
+    import torch
+
+    case = kda.make_case(1, 64, 2, head_dim=32)
+    assert case.params["seed"] == kda._seed("b1-t64-h2-d32")  # the shape's name, as before
+    x = _inputs(case, 7)
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(2):
+        torch.randn((1, 64, 2, 32), generator=gen)  # q, k
+    torch.randn((1, 64, 2, 32), generator=gen, dtype=torch.bfloat16)  # v
+    A_log = torch.empty(2).uniform_(0.5, 2.0, generator=gen).log_()
+    dt_bias = 0.5 * torch.randn(64, generator=gen)
+    raw = torch.randn((1, 64, 2, 32), generator=gen, dtype=torch.bfloat16)
+    z = A_log.exp().view(2, 1) * (raw.float() + dt_bias.view(2, 32))
+    assert torch.equal(x["g"], (-5.0 * torch.sigmoid(z)).to(torch.bfloat16))
+
+
+def test_varlen_offsets_reach_both_sides_on_the_device_only():
+    import torch
+
+    for regime in ("softplus", "bounded", "legacy"):
+        case = _small(regime, lengths=(40, 24))
+        x = _inputs(case)
+        assert x["cu_seqlens_cpu"].tolist() == [0, 40, 64] and x["cu_seqlens"].dtype == torch.int64
+        for pair in kda.pair_names(case.params):
+            kw = kda.fla_kwargs(case.params, x, pair)
+            assert kw["cu_seqlens"] is x["cu_seqlens"] and "cu_seqlens_cpu" not in kw
 
 
 def test_argument_mapping():
-    import torch
-
+    """fla's keywords per regime and pair; kreg's own (kda_prefill) keywords for the launch-path
+    rows say the same; both bind to their signatures."""
+    from kreg.compat.fla import chunk_kda as compat_chunk_kda
     from kreg.families.kda import kda_prefill
 
-    prod = _small(production=True)
-    x = kda.make_inputs(prod.params, torch.device("cpu"), 1)
-    kw = kda.kreg_kwargs(prod.params, x)
-    inspect.signature(kda_prefill).bind(**kw)
-    assert kw["gate_activation"] == "sigmoid_bound" and kw["use_qk_l2norm"]
-    assert kw["use_beta_sigmoid"] and kw["initial_state"] is x["initial_state"]
-    assert kw["gate_lower_bound"] == -5.0
-    with pytest.raises(ValueError):  # sigmoid_bound has no unbounded call
-        kda.kreg_kwargs(prod.params, x, bounded=False)
-    with pytest.raises(ValueError):
-        kda.fla_kwargs(prod.params, x, safe_gate=False)
-    f = kda.fla_kwargs(prod.params, x)
-    assert f["scale"] == 32**-0.5 and f["output_final_state"] is True
-    expect = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                  use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=-5.0)  # fmt: skip
-    assert {k: f[k] for k in expect} == expect
-    assert f["A_log"] is x["A_log"] and f["dt_bias"] is x["dt_bias"]
-    plain = _small(lengths=(40, 24))
-    xp = kda.make_inputs(plain.params, torch.device("cpu"), 1)
-    fp = kda.fla_kwargs(plain.params, xp)
-    assert fp["cu_seqlens"] is xp["cu_seqlens"] and fp["cu_seqlens_cpu"] is xp["cu_seqlens_cpu"]
-    assert "use_gate_in_kernel" not in fp and fp["initial_state"] is None
-    assert fp["safe_gate"] is True and fp["lower_bound"] == -5.0  # the bounded pair's peer
-    fd = kda.fla_kwargs(plain.params, xp, safe_gate=False)  # fla's default: no promise
-    assert "safe_gate" not in fd and "lower_bound" not in fd
-    assert {k: v for k, v in fp.items() if k not in ("safe_gate", "lower_bound")} == fd
-    kd = kda.kreg_kwargs(plain.params, xp, bounded=False)
-    assert kd["gate_lower_bound"] is None
-    assert {k: v for k, v in kda.kreg_kwargs(plain.params, xp).items()
-            if k != "gate_lower_bound"} == {k: v for k, v in kd.items() if k != "gate_lower_bound"}  # fmt: skip
-    inspect.signature(kda_prefill).bind(**kd)
+    for regime in gate_regimes.BY_NAME:
+        for prod in (False, True):
+            case = _small(regime, production=prod)
+            x = _inputs(case)
+            r = gate_regimes.BY_NAME[regime]
+            for pair in kda.pair_names(case.params):
+                f = kda.fla_kwargs(case.params, x, pair)
+                inspect.signature(compat_chunk_kda).bind(**f)
+                assert f["scale"] == 32**-0.5 and f["output_final_state"] is True
+                assert f["g"] is x["g"] and f["beta"] is x["beta"]
+                assert ("initial_state" in f) == prod and ("cu_seqlens" not in f)
+                assert f.get("use_qk_l2norm_in_kernel", False) == prod
+                assert f.get("use_beta_sigmoid_in_kernel", False) == prod
+                in_kernel = r.gate_in_kernel(prod)
+                assert f.get("use_gate_in_kernel", False) == in_kernel
+                if in_kernel:
+                    assert f["A_log"] is x["A_log"] and f["dt_bias"] is x["dt_bias"]
+                else:
+                    assert "A_log" not in f and "dt_bias" not in f
+                bounded = pair == "bounded"
+                assert (f.get("safe_gate"), f.get("lower_bound")) == ((True, -5.0) if bounded
+                                                                      else (None, None))  # fmt: skip
+                kw = kda.kreg_kwargs(case.params, x, bounded=bounded)
+                inspect.signature(kda_prefill).bind(**kw)
+                assert kw["gate_lower_bound"] == (-5.0 if bounded else None)
+                assert kw["gate_activation"] == (r.activation if in_kernel else "none")
+                assert kw["use_qk_l2norm"] == kw["use_beta_sigmoid"] == prod
+            missing = {"default", "bounded"} - set(kda.pair_names(case.params))
+            for pair in missing:
+                with pytest.raises(ValueError, match=f"has no {pair} pair"):
+                    kda.fla_kwargs(case.params, x, pair)
     try:
         chunk_kda, _ = kda.load_fla()
     except Exception:  # pragma: no cover
         chunk_kda = None
-    if chunk_kda is not None:  # the keywords reach chunk_kda's signature (A_log via **kwargs)
-        inspect.signature(chunk_kda).bind(**f)
-        inspect.signature(chunk_kda).bind(**fp)
-        inspect.signature(chunk_kda).bind(**fd)
+    if chunk_kda is not None:  # the keywords reach fla's signature (A_log via **kwargs)
+        for regime in gate_regimes.BY_NAME:
+            case = _small(regime, lengths=(40, 24))
+            x = _inputs(case)
+            for pair in kda.pair_names(case.params):
+                inspect.signature(chunk_kda).bind(**kda.fla_kwargs(case.params, x, pair))
+
+
+def test_kreg_rows_receive_exactly_flas_keywords(monkeypatch):
+    """prepare() on CPU with both chunk_kda faked: per pair the kreg row calls
+    kreg.compat.fla.chunk_kda with the very keywords (the same objects) the fla row gives fla;
+    a varlen case's extra kreg row adds cu_seqlens_cpu and nothing else."""
+    import torch
+
+    from kreg.compat import fla as compat_fla
+
+    calls: dict[str, list] = {"kreg": [], "fla": []}
+
+    def fake(side):
+        def chunk_kda(**kw):
+            calls[side].append(kw)
+            return torch.zeros(1), torch.zeros(1)
+
+        return chunk_kda
+
+    monkeypatch.setattr(compat_fla, "chunk_kda", fake("kreg"))
+    monkeypatch.setattr(kda, "load_fla", lambda: (fake("fla"), "0.6.0"))
+    for regime in gate_regimes.BY_NAME:
+        for lengths in (None, (40, 24)):
+            case = _small(regime, lengths=lengths, extras=False)
+            p = kda.prepare(case, "sm90", torch.device("cpu"))
+            impls = {i.name: i for i in p.impls}
+            assert tuple(impls) == case.impls
+            for pair in p.pairs:
+                calls["kreg"].clear(), calls["fla"].clear()
+                impls[pair.impl].run()
+                impls[pair.peer].run()
+                (k,), (f,) = calls["kreg"], calls["fla"]
+                assert k.keys() == f.keys() and all(k[n] is f[n] for n in f), (regime, pair)
+                assert "cu_seqlens_cpu" not in k and ("cu_seqlens" in k) == bool(lengths)
+                assert impls[pair.impl].call is impls[pair.impl].run  # host time: the same call
+                assert impls[pair.impl].peer == pair.peer
+                if lengths:
+                    calls["kreg"].clear()
+                    extra = impls[pair.impl + kda.CPU_OFFSETS]
+                    extra.run()
+                    (c,) = calls["kreg"]
+                    assert c.keys() - f.keys() == {"cu_seqlens_cpu"} and extra.peer == pair.peer
+                    assert c["cu_seqlens_cpu"].device.type == "cpu"
+                    assert all(c[n] is f[n] for n in f)
+            assert p.references == (p.pairs[0].impl, p.pairs[0].peer)
+            assert bool(p.notes) == (regime == "resets")
 
 
 def test_prepared_impls_agree_under_interpreter():
-    """prepare() on CPU under the Triton interpreter: every kreg implementation runs (timed
-    path and public call) and agrees with the split selection."""
+    """prepare() on CPU under the Triton interpreter: every kreg implementation runs (the
+    compat call and the launch path) and agrees with the pair's kreg row."""
     script = textwrap.dedent("""
         import torch
         from kreg.bench import Impl, rel_rms
@@ -224,23 +402,14 @@ def test_prepared_impls_agree_under_interpreter():
         target = get_registry().targets["sm90"]
         # long enough for the chunked form (shorter ones are served by kda.recurrent)
         for case in (kda.make_case(1, 128, 1, head_dim=32, dtype="fp32"),
+                     kda.make_case(1, 128, 1, head_dim=32, dtype="fp32", regime="heavy",
+                                   lengths=(57, 71)),
                      kda.make_case(1, 128, 1, head_dim=32, dtype="fp32", production=True,
-                                   lengths=(57, 71))):
+                                   regime="bounded", lengths=(57, 71))):
             p = kda.prepare(case, target, torch.device("cpu"))
             impls = [i for i in p.impls if isinstance(i, Impl) and not i.name.startswith("fla")]
             names = [i.name for i in impls]
-            want = ["kreg.split.bounded", "kreg.fused.bounded"]
-            if not case.params["production"]:
-                want.insert(0, "kreg.split")
-            assert names[:len(want)] == want, names
-            peers = {i.name: i.peer for i in impls}
-            assert all(v == "fla.safe_gate" for k, v in peers.items() if k != "kreg.split")
-            assert peers.get("kreg.split", "fla") == "fla"
-            assert [(x.impl, x.peer) for x in p.pairs][-1] == ("kreg.split.bounded",
-                                                              "fla.safe_gate")
-            assert p.references == (p.pairs[0].impl, p.pairs[0].peer)
-            bounds = {i.name: i.info["gate_lower_bound"] for i in impls}
-            assert bounds.pop("kreg.split", None) is None and set(bounds.values()) == {-5.0}
+            assert tuple(n for n in case.impls if not n.startswith("fla")) == tuple(names)
             ref = p.outputs(impls[0].run())
             for i in impls:
                 for ret in (i.run(), i.call()):
@@ -253,7 +422,7 @@ def test_prepared_impls_agree_under_interpreter():
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        env=_env(TRITON_INTERPRET="1"), timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("ok ") == 2
+    assert r.stdout.count("ok ") == 3
 
 
 # --- the runner's ratios (device parts faked) ---------------------------------------------------
@@ -299,6 +468,11 @@ def test_run_case_ratios_within_pairs(monkeypatch):
     assert res["references"] == ["kreg.split", "fla"]
     md = bench.markdown({"cases": [res]})
     assert "| c | default | kreg.split | 2.000 | fla | 3.000 | 1.50 (fla / kreg.split) |" in md
+    # a row that could not be captured says so in the pair table (and its note says why)
+    rows["kreg.split"].update(method="do_bench", note="CUDA graph capture failed (x)")
+    md = bench.markdown({"cases": [res]})
+    assert "| kreg.split | 2.000 (events) | fla | 3.000 |" in md
+    assert "kreg.split: CUDA graph capture failed (x)" in md
 
 
 # --- rendering ------------------------------------------------------------------------------------
@@ -316,7 +490,8 @@ def _synthetic(paired: bool = False) -> dict:
 
     cases = []
     for b, h in ((1, 4), (1, 32), (4, 32)):
-        case = kda.make_case(b, 8192, h, tags=("sweep",))
+        # as a run before the gate regimes wrote it (no regime recorded)
+        case = kda.make_case(b, 8192, h, tags=("sweep",), name=f"b{b}-t8192-h{h}")
         rows = [
             row("kreg.split", 0.1 * b * h / 4),
             row("kreg.fused", 0.2 * b * h / 4,
@@ -341,7 +516,8 @@ def _synthetic(paired: bool = False) -> dict:
             if paired:
                 r["peer"] = peer
             r["vs_peer"] = ms[peer] / r["ms"] if peer else None
-        cases.append({"name": case.name, "params": dict(case.params), "flops": case.flops,
+        params = {k: v for k, v in case.params.items() if k not in ("regime", "seed")}
+        cases.append({"name": case.name, "params": params, "flops": case.flops,
                       "bytes": case.bytes, "tokens": case.tokens, "heads": case.heads,
                       "bh": case.bh, "tags": list(case.tags), "rows": rows, "skipped": [],
                       "notes": [], "peer": "fla", **extra})  # fmt: skip
@@ -395,9 +571,8 @@ def test_render_pairs_like_with_like(tmp_path):
     )
     assert ("|  | bounded | kreg.split.bounded | 0.050 | fla.safe_gate | 0.200 | "
             "4.00 (fla.safe_gate / kreg.split.bounded) |") in md  # fmt: skip
-    assert (
-        "**default**: `kreg.split` against `fla`: `kda_prefill(...)` (`gate_lower_bound=None`" in md
-    )
+    assert "**default**: `kreg.split` against `fla`: `legacy` gates, no promise" in md
+    assert "`kreg.compat.fla.chunk_kda(**kw)` against fla-core's `chunk_kda(**kw)`" in md
     assert "**bounded**: `kreg.split.bounded` against `fla.safe_gate`" in md
     assert "safe_gate=True, lower_bound=-5.0" in md
     # every row says which peer its ratio is against; the peers have none
@@ -419,18 +594,20 @@ def test_render_pairs_like_with_like(tmp_path):
 
 def test_render_production_pair_only():
     results = _synthetic(paired=True)
-    case = kda.make_case(1, 8192, 32, production=True, tags=("production",))
+    case = kda.make_case(1, 8192, 32, production=True, tags=("production",), name="prod-b1")
     results["cases"] = [{
-        "name": case.name, "tags": [], "rows": [
+        "name": case.name, "params": dict(case.params), "tags": [], "rows": [
             {"impl": "kreg.split.bounded", "ms": 1.0, "peer": "fla.safe_gate", "vs_peer": 1.5},
             {"impl": "fla.safe_gate", "ms": 1.5, "peer": None, "vs_peer": None}],
         "references": ["kreg.split.bounded", "fla.safe_gate"],
         "pairs": [attrs.asdict(p) for p in kda.pairs_of(case.params)], "peer": "fla.safe_gate",
     }]  # fmt: skip
     md = bench.markdown(results)
-    assert "| prod-b1-t8192-h32 | bounded | kreg.split.bounded | 1.000 | fla.safe_gate |" in md
-    assert "| default | kreg.split |" not in md and "bounded by construction" in md
-    assert bench.pair_rows(results) == [["prod-b1-t8192-h32", "bounded", "kreg.split.bounded",
+    # the case records its gate regime: the pair table has a regime column
+    assert "| case | regime | pair | kreg row |" in md
+    assert "| prod-b1 | legacy | bounded | kreg.split.bounded | 1.000 | fla.safe_gate |" in md
+    assert "| default | kreg.split |" not in md and "safe_gate=True, lower_bound=-5.0" in md
+    assert bench.pair_rows(results) == [["prod-b1", "legacy", "bounded", "kreg.split.bounded",
                                          "1.000", "fla.safe_gate", "1.500",
                                          "1.50 (fla.safe_gate / kreg.split.bounded)"]]  # fmt: skip
     assert "ref 1 = kreg.split.bounded, ref 2 = fla.safe_gate" in md
@@ -445,6 +622,7 @@ def test_render_old_results_say_so(tmp_path):
     assert main(["bench", "--render", str(ROOT / "docs/kda/results.json"), "--out", str(out)]) == 0
     text = (out / "RESULTS.md").read_text()
     assert "Measured before the like-with-like pairing (2026-12-03 audit)" in text
+    assert "| case | pair |" in bench.markdown(_synthetic(paired=True))  # no regimes recorded
     assert "before the like-with-like pairing" in bench.summary(_synthetic())
 
 
@@ -465,7 +643,13 @@ def test_bench_list_cli():
         assert case.name in r.stdout
     flat = " ".join(r.stdout.split())  # the implementations column wraps at 100 columns
     assert "kreg.split, fla, kreg.split.bounded, fla.safe_gate, kreg.fused.bounded, " in flat
-    assert "kreg.split.bounded, fla.safe_gate, kreg.fused.bounded, split.bounded[" in flat
+    assert "kreg.split, fla, kreg.split+cu_seqlens_cpu" in flat.replace("+ ", "+")
+    r = subprocess.run([sys.executable, "-m", "kreg", "bench", "--list", "kda", "--cases",
+                        "quick"], capture_output=True, text=True, env=_env(), timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    quick = [c.name for c in kda.cases() if "quick" in c.tags]
+    listed = [c.name for c in kda.cases() if c.name in r.stdout.split()]
+    assert listed == quick
 
 
 def test_bench_without_gpu_is_one_line(monkeypatch, capsys):
@@ -574,10 +758,11 @@ def test_bench_list_json_kda(capsys):
     assert main(["bench", "--list", "kda", "--json", "--cases", "prod-"]) == 0
     (scenario,) = json.loads(capsys.readouterr().out)
     assert scenario["name"] == "kda" and scenario["family"] == "kda"
-    names = [c["name"] for c in scenario["cases"]]
-    assert names == ["prod-b1-t8192-h32", "prod-varlen6-t8192-h32"]
-    assert all(c["impls"][:2] == ["kreg.split.bounded", "fla.safe_gate"]
-               for c in scenario["cases"])  # fmt: skip
+    cases = {c["name"]: c for c in scenario["cases"]}
+    assert set(cases) == {f"prod-{s}-{r}" for s in ("b1-t8192-h32", "varlen6-t8192-h32")
+                          for r in ("bounded", "softplus")}  # fmt: skip
+    assert cases["prod-b1-t8192-h32-bounded"]["impls"] == ["kreg.split.bounded", "fla.safe_gate"]
+    assert cases["prod-b1-t8192-h32-softplus"]["params"]["regime"] == "softplus"
 
 
 # --- GPU ----------------------------------------------------------------------------------------
@@ -585,7 +770,7 @@ def test_bench_list_json_kda(capsys):
 
 @pytest.mark.gpu
 def test_gpu_smoke(tmp_path):
-    case = kda.make_case(1, 512, 2, tags=("sweep",))
+    case = kda.make_case(1, 512, 2, tags=("sweep",))  # legacy gates: both pairs
     results = kda.run(
         [case], impls=["kreg.split", "kreg.fused"], quick=True, progress=False, workers=1
     )

@@ -14,7 +14,7 @@ import attrs
 import pytest
 
 from kreg.dispatch import TuningWarning, clear_cache, select
-from kreg.families.kda import grid, model, sweep, validate
+from kreg.families.kda import gate_regimes, grid, model, sweep, validate
 from kreg.registry import get_registry
 
 SM90 = "sm90"
@@ -40,6 +40,13 @@ def test_grid_covers_the_axes_within_bounds():
     assert any(s.production and s.lengths for s in g) and any(s.production and not s.lengths
                                                               for s in g)  # fmt: skip
     assert {x.gate for x in g if not x.production} == {"bounded", "unbounded"}
+    # every gate regime, each admitting the promise the sweep measures; the engines' head dims
+    assert set(s["regimes"]) == set(gate_regimes.BY_NAME)
+    for x in g:
+        assert ("bounded" if x.gate == "bounded" else "default") in grid.pairs(x), x
+        assert grid.params_of(x)["regime"] == x.regime
+    assert {(96, 96), (192, 192), (256, 256)} <= set(s["head_dims"])
+    assert {x.regime for x in g if x.production} == {"bounded", "softplus"}
     for x in g:
         assert x.work <= grid.WORK_MAX and x.T % 16 == 0, x
         if x.lengths:
@@ -378,6 +385,33 @@ def test_ridge_is_chosen_by_cross_validation_on_the_fit_shapes_only(synth):
     assert model.fit(validate.samples(synth, "fit")[:30], ridges=(0.5,))["ridge"] == 0.5
 
 
+def _kda_grid_script():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "kda_grid.py"
+    spec = importlib.util.spec_from_file_location("kda_grid_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_sweep_too_small_to_fit_gives_a_model_that_predicts_nothing(synth, tmp_path, capsys):
+    """The GPU smoke sweep (two shapes) measures no role on MIN_SHAPES shapes: the fit leaves
+    every role out and says so (it crashed in _solve on the empty design), validation still
+    evaluates every shape, and the CLI refuses to write such a model over the packaged one."""
+    small = dict(synth, shapes=[e for e in synth["shapes"] if e["name"] in SMOKE])
+    assert len(small["shapes"]) == 2
+    payload = validate.fit_payload(small)
+    assert payload["roles"] == {} and "no role measured on" in payload["unfitted"]
+    assert model.payload_ok(payload)
+    rows = validate.evaluate(small, payload)
+    assert [r["name"] for r in rows] == list(SMOKE) and all(r["role"] is None for r in rows)
+    sweep_file, out = tmp_path / "sweep.json", tmp_path / "model.json"
+    sweep_file.write_text(json.dumps(small))
+    assert _kda_grid_script().main(["fit", str(sweep_file), "--out", str(out)]) == 2
+    assert not out.exists() and "left as it is" in capsys.readouterr().err
+
+
 def test_role_features_follow_the_spec(target):
     """Segments shorten the chain and multiply the programs; a narrower V block adds V blocks."""
     p = validate.problem_of({"params": grid.params_of(grid.shape_named(
@@ -406,7 +440,9 @@ def test_bench_compile_plan_covers_every_row(target):
     need = set()
     for case in cases:
         shape = grid.shape_named(case.name)
-        for name in [KREG_BOUNDED] + ([] if shape.production else [KREG_DEFAULT]):
+        for name in [
+            KREG_BOUNDED if pair == "bounded" else KREG_DEFAULT for pair in grid.pairs(shape)
+        ]:
             p = grid.problem_of(shape, bounded=name == KREG_BOUNDED)
             need |= grid.kernel_keys(p, select(p, SM90).spec)
     assert launched == need and fla == grid.fla_classes()
@@ -563,7 +599,7 @@ def test_changed_lists_the_cases_a_model_moves(tmp_path):
     heuristic = validate.selections(os.devnull)
     moved = [n for n in same if same[n] != heuristic[n]]
     assert moved and len(moved) < len(same)
-    assert all(set(v) <= {"default", "bounded"} and "bounded" in v for v in same.values())
+    assert all(tuple(v) == grid.pairs(grid.shape_named(n)) for n, v in same.items())
     clear_cache()
 
 

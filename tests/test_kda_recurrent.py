@@ -74,7 +74,7 @@ def test_no_prefill_shape_of_the_grid_takes_the_recurrence():
     from kreg.families.kda import grid
 
     for shape in grid.shapes():
-        for bounded in (True,) if shape.production else (True, False):
+        for bounded in [pair == "bounded" for pair in grid.pairs(shape)]:  # its regime's
             sel = select(grid.problem_of(shape, bounded=bounded), "sm90")
             assert sel.candidate.name == "kda.split", (shape.name, bounded)
 

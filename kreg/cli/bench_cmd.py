@@ -19,7 +19,12 @@ def add_parser(subparsers):
     p.add_argument("scenario", nargs="?", help="scenario name, e.g. kda")
     p.add_argument("--list", action="store_true", help="list scenarios, cases, implementations")
     p.add_argument("--json", action="store_true", help="with --list: print JSON")
-    p.add_argument("--cases", nargs="+", metavar="SUBSTR", help="only cases whose name contains")
+    p.add_argument(
+        "--cases",
+        nargs="+",
+        metavar="SUBSTR",
+        help="only cases whose name contains one, or tagged one (e.g. quick)",
+    )
     p.add_argument("--impls", nargs="+", metavar="NAME",
                    help="only implementations named (or whose name contains) these")  # fmt: skip
     p.add_argument("--out", metavar="DIR", help="output folder (default bench_out/<scenario>-"

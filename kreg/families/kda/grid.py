@@ -7,7 +7,9 @@ five fixed-length batches spread over log T from 256 to the longest its work bou
 (stratified, a seeded Latin hypercube in (log T, log B)), four configurations with five varlen
 mixes each (uniform short, long-tailed, one long among many short, many length-1, some empty),
 three with the production argument set, fixed and varlen, and the known weak spots pinned
-(head dim 64 at B=4 T=8192 H=32; one 30,000-token sequence among 20 short ones at H=8). Every
+(head dim 64 at B=4 T=8192 H=32; one 30,000-token sequence among 20 short ones at H=8), and
+after the design one shape for each head dim engines use beyond them (``ENGINE_FIXED``: K = V =
+96, 192, 256). Every
 case keeps tokens x value heads x max(K + V, 128) / 256 within ``WORK_MAX`` (a few ms, well under 20 GB)
 and every packed length a multiple of 16 (so Triton compiles one kernel per option set, not one
 per length class).
@@ -22,8 +24,11 @@ Every case carries ``split``: "holdout" for every fourth case in design order (c
 major, by work), so the holdout quarter is spread over head configurations, sizes and mixes;
 "fit" for the rest. ``gate``: the promise the sweep measures the case with ("bounded": lower
 bound -5, kreg's block anchor against fla ``safe_gate``; "unbounded": kreg's default against
-fla's default), half each in a seeded shuffle; the production set is bounded by construction. The bench times
-both pairs of every plain case anyway.
+fla's default), half each of the plain cases in a seeded shuffle. ``regime``: the gates fed
+(kreg/families/kda/gate_regimes.py), dealt in seeded cycles so that it admits the gate's pair:
+``BOUNDED_REGIMES`` for bounded plain cases, ``UNBOUNDED_REGIMES`` for the others,
+``PROD_REGIMES`` for the production set (whose gate follows its regime). The bench and the sweep
+time the pairs the regime admits (both only for ``legacy``).
 """
 
 from __future__ import annotations
@@ -70,6 +75,15 @@ PINNED_VARLEN = (((8, 8, 128, 128), "one_long",
                   (30000, 512, 397, 1210, 88, 640, 733, 251, 1024, 95, 470, 1500, 333, 802,
                    129, 961, 288, 705, 1111, 64, 61)),)  # fmt: skip
 HOLDOUT_EVERY = 4
+# Gate regimes (gate_regimes.py), dealt in seeded cycles: a bounded-gate shape takes one whose
+# values keep g >= -5, an unbounded one the others, the production set the engines' two.
+BOUNDED_REGIMES = ("legacy", "bounded")
+UNBOUNDED_REGIMES = ("softplus", "softplus_pre", "logsigmoid", "heavy", "resets")
+PROD_REGIMES = ("bounded", "softplus")
+# (head config, B, T, regime): the head dims engines use beyond HEADS (96 and 192 run
+# zero-padded today), one shape each, after the design
+ENGINE_FIXED = (((16, 16, 256, 256), 1, 8192, "softplus"), ((16, 16, 192, 192), 1, 8192, "bounded"),
+                ((32, 32, 96, 96), 1, 8192, "softplus_pre"))  # fmt: skip
 
 
 @attrs.frozen
@@ -86,6 +100,7 @@ class GridShape:
     kind: str  # "fixed" or a varlen kind
     split: str = "fit"  # "fit" | "holdout"
     gate: str = "bounded"  # the sweep's promise: "bounded" | "unbounded"
+    regime: str = "legacy"  # the gates fed (gate_regimes.py); admits the gate's pair
 
     @property
     def tokens(self) -> int:
@@ -170,6 +185,21 @@ def _fit_lengths(lens: list[int], head) -> tuple[int, ...]:
     return tuple(lens)
 
 
+def _deal(kinds: tuple[str, ...], n: int, seed: int) -> list[str]:
+    """``n`` of ``kinds`` in turn, shuffled with ``seed`` (balanced, independent of the split)."""
+    out = [kinds[i % len(kinds)] for i in range(n)]
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def _gate_of(regime: str, production: bool) -> str:
+    """The sweep's promise for a regime with one pair (its only pair's)."""
+    from .gate_regimes import BY_NAME
+
+    (pair,) = BY_NAME[regime].pairs_for(production)
+    return "bounded" if pair == "bounded" else "unbounded"
+
+
 def _name(s: GridShape) -> str:
     H, HV, K, V = s.H, s.HV, s.K, s.V
     lay = (f"b{s.B}-t{s.T}" if s.lengths is None
@@ -212,11 +242,24 @@ def shapes() -> tuple[GridShape, ...]:
     n_plain = sum(not s.production for s in design)
     gates = ["bounded", "unbounded"] * (n_plain // 2) + ["bounded"] * (n_plain % 2)
     random.Random(SEED + 1).shuffle(gates)  # balanced, independent of the split
+    regimes = {"bounded": _deal(BOUNDED_REGIMES, gates.count("bounded"), SEED + 2),
+               "unbounded": _deal(UNBOUNDED_REGIMES, gates.count("unbounded"), SEED + 3),
+               "production": _deal(PROD_REGIMES, len(design) - n_plain, SEED + 4)}  # fmt: skip
+    promise = []  # (gate, regime) per shape of the design
+    for s in design:
+        if s.production:
+            regime = regimes["production"].pop()
+            promise.append((_gate_of(regime, True), regime))
+        else:
+            gate = gates.pop()
+            promise.append((gate, regimes[gate].pop()))
+    for head, B, T, regime in ENGINE_FIXED:  # after the design: the draws above stay as they were
+        add(head, B, T, None, False, "fixed")
+        promise.append((_gate_of(regime, False), regime))
     out, seen = [], set()
-    for i, s in enumerate(design):
+    for i, (s, (gate, regime)) in enumerate(zip(design, promise, strict=True)):
         split = "holdout" if i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1 else "fit"
-        gate = "bounded" if s.production else gates.pop()
-        s = attrs.evolve(s, split=split, gate=gate)
+        s = attrs.evolve(s, split=split, gate=gate, regime=regime)
         name = _name(s)
         while name in seen:
             name += "'"
@@ -243,7 +286,7 @@ def params_of(shape: GridShape) -> dict:
         "dtype": "bf16", "lower_bound": LOWER_BOUND,
         "lengths": list(shape.lengths) if shape.lengths else None,
         "production": shape.production, "extras": False, "split": shape.split,
-        "gate": shape.gate, "kind": shape.kind,
+        "gate": shape.gate, "kind": shape.kind, "regime": shape.regime,
     }  # fmt: skip
 
 
@@ -281,20 +324,23 @@ def kernel_keys(problem, spec) -> set[tuple]:
 
 
 def fla_class(shape: GridShape, safe_gate: bool) -> tuple:
-    """What fla-core autotunes and compiles once for: its autotuning keys hold H, HV, K, V and
-    the dtypes of the tensor arguments (so varlen offsets and an initial state make new keys)."""
-    return (shape.H, shape.HV, shape.K, shape.V, shape.lengths is not None, shape.production,
-            safe_gate)  # fmt: skip
+    """What fla-core autotunes and compiles once for (bench.fla_class)."""
+    from .bench import PAIR_BOUNDED, PAIR_DEFAULT
+    from .bench import fla_class as bench_class
+
+    return bench_class(params_of(shape), PAIR_BOUNDED if safe_gate else PAIR_DEFAULT)
+
+
+def pairs(shape: GridShape) -> tuple[str, ...]:
+    """The like-with-like pairs the bench times on ``shape`` (its regime's)."""
+    from .bench import pair_names
+
+    return pair_names(params_of(shape))
 
 
 def fla_classes(grid=None) -> set[tuple]:
     grid = shapes() if grid is None else grid
-    out = set()
-    for s in grid:
-        if not s.production:
-            out.add(fla_class(s, safe_gate=False))
-        out.add(fla_class(s, safe_gate=True))
-    return out
+    return {fla_class(s, safe_gate=pair == "bounded") for s in grid for pair in pairs(s)}
 
 
 def summary(grid=None) -> dict:
@@ -310,6 +356,7 @@ def summary(grid=None) -> dict:
         "T": (min(s.T for s in grid), max(s.T for s in grid)),
         "kinds": sorted({s.kind for s in grid}),
         "production": sum(s.production for s in grid),
+        "regimes": sorted({s.regime for s in grid}),
         "fla_classes": len({c[:-1] for c in fla_classes(grid)}),
         "max_work": max(s.work for s in grid),
     }
@@ -322,9 +369,11 @@ GRID_DOC = """# KDA prefill on the broad grid: benchmark results
 `kreg bench kda-grid` (scenario `kda-grid`, `kreg/families/kda/grid.py`) times the like-with-like
 pairs of `kreg bench kda` (see docs/kda/RESULTS.md for the harness, inputs and formulas) on the
 grid of `kreg/families/kda/grid.py`: 12 head configurations (H 1 to 64, HV/H 1, 2, 4, head dims
-32 to 256, K != V), fixed batches from B=1 T=262144 to B=64 T=256, varlen mixes (uniform short,
-long-tailed, one long among short, many length-1, empty sequences), the production argument set,
-and each case's split label (fit / holdout: the cost model, kreg/dispatch/kda_model.json, is
+32 to 256, K != V) and K = V = 96, 192, 256 at B=1 T=8192, fixed batches from B=1 T=262144 to
+B=64 T=256, varlen mixes (uniform short, long-tailed, one long among short, many length-1, empty
+sequences; `cu_seqlens` on the device only), the production argument set, each case's gate
+regime (the column "regime"; docs/kda/GATES.md lists them) with the pairs it admits, and each
+case's split label (fit / holdout: the cost model, kreg/dispatch/kda_model.json, is
 fitted on the fit cases only, so the holdout rows measure it out of sample). No fused row and no
 spec variants: the spec sweep is `benchmarks/kda_grid.py sweep`, its validation docs/kda/GRID.md.
 
@@ -333,8 +382,9 @@ OUT=P1 bash scripts/device_grid.sh 1; OUT=P2 bash scripts/device_grid.sh 2   # t
 python benchmarks/kda_grid.py merge P1/grid-1/results.json P2/grid-2/results.json --out docs/kda/grid
 ```
 
-(One call does not hold the whole grid: fla autotunes each head configuration in the measuring
-process, so each part takes half of the configurations.)
+(One call does not hold the whole grid: fla autotunes each head configuration and gate path in
+the measuring process, so each part takes half of the configurations; with the regimes the grid
+has about twice as many fla classes as before, so plan on more parts.)
 """
 
 
@@ -346,7 +396,7 @@ def case_of(shape: GridShape, target: str = "sm90"):
     return make_case(shape.B, shape.T, shape.H, HV=shape.HV, K=shape.K, V=shape.V,
                      lengths=shape.lengths, production=shape.production, name=shape.name,
                      tags=(shape.split, shape.kind), extras=False, extra_params=extra,
-                     target=target)  # fmt: skip
+                     target=target, regime=shape.regime)  # fmt: skip
 
 
 def _order(grid) -> list[GridShape]:
@@ -382,33 +432,41 @@ def head_part(part: int, parts: int) -> list[str]:
     ``benchmarks/kda_grid.py merge`` joins the runs)."""
     if not 1 <= part <= parts:
         raise ValueError(f"part {part} of {parts}: expected 1 to {parts}")
-    return [f"h{H}x{HV}-d{K}x{V}" for i, (H, HV, K, V) in enumerate(HEADS)
+    heads = HEADS + tuple(head for head, *_ in ENGINE_FIXED)
+    return [f"h{H}x{HV}-d{K}x{V}" for i, (H, HV, K, V) in enumerate(heads)
             if i % parts == part - 1]  # fmt: skip
 
 
 def bench_warm_jobs(bench_cases, target="sm90") -> list[tuple]:
-    """The bench's compile plan: each kreg kernel and each fla class once, on its smallest case
-    (one job per case: its kreg rows, then one per fla class)."""
-    from .bench import KREG_BOUNDED, KREG_DEFAULT, PEER, SAFE_PEER
+    """The compile plan of a KDA bench run (``kda-grid``, ``kda``): each kreg kernel and each
+    fla class once, on its smallest case (one job per case: its kreg rows, then one per fla
+    class), and a case's extra rows (fused, spec variants) with its own job."""
+    from . import bench
     from .plugin import select_kda
 
     seen: set = set()
     jobs: dict[str, tuple] = {}
     for case in sorted(bench_cases, key=lambda c: c.tokens * c.heads):
-        shape = shape_named(case.name)
-        rows = [(KREG_BOUNDED, True, SAFE_PEER)]
-        if not shape.production:
-            rows.append((KREG_DEFAULT, False, PEER))
-        for kreg_row, bounded, fla_row in rows:
-            problem = problem_of(shape, bounded=bounded)
-            keys = kernel_keys(problem, select_kda(problem, target).spec)
+        params = case.params
+        for pair in bench.pair_names(params):
+            bounded = pair == bench.PAIR_BOUNDED
+            problem = bench.problem_of(params, bounded)
+            sel = select_kda(problem, target)
+            kreg_row = bench._kreg_names(sel.candidate.name)[bounded]
+            keys = (kernel_keys(problem, sel.spec) if sel.candidate.name == "kda.split"
+                    else {(sel.candidate.name, problem)})  # fmt: skip
             if not keys <= seen:
                 seen |= keys
                 jobs.setdefault(case.name, (case, []))[1].append(kreg_row)
-            fla = ("fla",) + fla_class(shape, safe_gate=bounded)
+            fla = ("fla",) + bench.fla_class(params, pair)
+            fla_row = bench.SAFE_PEER if bounded else bench.PEER
             if fla not in seen:
                 seen.add(fla)
                 jobs.setdefault(case.name + "/" + fla_row, (case, []))[1].append(fla_row)
+        if bench.has_extras(params):
+            paired = {r for p in bench.pairs_of(params) for r in (p.impl, p.peer)}
+            extra = [n for n in case.impls if n not in paired and not n.endswith(bench.CPU_OFFSETS)]
+            jobs.setdefault(case.name, (case, []))[1].extend(extra)
     # the peer's jobs compile every autotuning config: start them first
     return sorted(jobs.values(), key=lambda j: not any(n.startswith("fla") for n in j[1]))
 
@@ -420,9 +478,6 @@ def run(bench_cases, **options) -> dict:
 
     options.setdefault("budget", Budget(min_reps=10, min_ms=40.0, max_reps=200, host_calls=10,
                                         host_budget_s=0.1) if options.get("quick") else None)  # fmt: skip
-    target = options.get("target")
-    options.setdefault("warm_jobs", lambda cs: bench_warm_jobs(cs, target.name if target else
-                                                               "sm90"))  # fmt: skip
     return kda_run(bench_cases, scenario="kda-grid", doc=GRID_DOC, **options)
 
 
@@ -432,9 +487,9 @@ def scenario():
     return Scenario(
         name="kda-grid",
         family="kda",
-        description="KDA prefill on a broad grid (94 shapes: heads, head dims, B, T, varlen "
-        "mixes, production; fit/holdout split): kreg default vs fla default, kreg bounded vs "
-        "fla safe_gate",
+        description=f"KDA prefill on a broad grid ({len(shapes())} shapes: heads, head dims, B, "
+        "T, varlen mixes, production, a gate regime each; fit/holdout split): kreg default vs "
+        "fla default, kreg bounded vs fla safe_gate, as the regime admits",
         cases=cases,
         run=run,
     )

@@ -299,13 +299,20 @@ def fit(samples: Sequence[Sample], ridges: Sequence[float] = RIDGES) -> dict:
     leave-one-out cross-validation over the same samples (so only they decide it).
 
     Returns the ``model`` payload: the shared raw-feature coefficients of log2(ms), per role its
-    offset, shapes and RMS residual (log2), the ridge chosen and every ridge's CV regrets."""
+    offset, shapes and RMS residual (log2), the ridge chosen and every ridge's CV regrets.
+    Roles measured on fewer than ``MIN_SHAPES`` shapes are left out; where that leaves none,
+    the payload has no roles (it predicts nothing) and says why in ``unfitted``."""
     import numpy as np
 
     counts = {r.name: sum(r.name in s.times for s in samples) for r in ROLES}
     dims = {r: sorted({_head_dim_k(s.times[r][0]) for s in samples if r in s.times})
             for r in counts}  # fmt: skip
     roles = [r.name for r in ROLES if counts[r.name] >= MIN_SHAPES]
+    if not roles:  # too few shapes (a smoke sweep): a model that predicts nothing, said so
+        return {"kind": MODEL_KIND, "feature_version": FEATURE_VERSION, "features": list(FEATURES),
+                "ridge": None, "cv": {}, "coef": {n: 0.0 for n in FEATURES}, "roles": {},
+                "unfitted": f"no role measured on {MIN_SHAPES} or more shapes (of "
+                            f"{len(samples)}): the heuristic decides"}  # fmt: skip
     cv = {str(a): regret_stats(_regrets(list(samples), roles, a)) for a in ridges}
     ridge = min(ridges, key=lambda a: (round(cv[str(a)]["geomean"], 6), cv[str(a)]["worst"]))
     X, y, which = _design(samples, roles)

@@ -80,9 +80,10 @@ def plan_shape(shape: grid.GridShape, target) -> ShapePlan:
 
 
 def fla_rows(shape: grid.GridShape) -> tuple[str, ...]:
+    """fla's calls with the promises the shape's gate regime admits."""
     from .bench import PEER, SAFE_PEER
 
-    return (SAFE_PEER,) if shape.production else (PEER, SAFE_PEER)
+    return tuple(SAFE_PEER if pair == "bounded" else PEER for pair in grid.pairs(shape))
 
 
 def compile_jobs(plans, spec_chunk: int = 4) -> list[tuple]:
@@ -149,7 +150,7 @@ def prepare(case, target, device):
         if chunk_kda is None:
             impls.append(Skip(row, version))
             continue
-        fkw = fla_kwargs(params, x, safe_gate=row.endswith("safe_gate"))
+        fkw = fla_kwargs(params, x, "bounded" if row.endswith("safe_gate") else "default")
 
         def run_fla(fkw=fkw):
             with torch.inference_mode():

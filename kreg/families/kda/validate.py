@@ -16,6 +16,7 @@ import statistics
 from pathlib import Path
 
 from . import model
+from .gate_regimes import regime_of
 from .sweep import SWEEP_KIND, SWEEP_VERSION, spec_label
 
 GOALS = {"holdout_median": 1.10, "holdout_worst": 1.25, "fla_floor": 1.0, "fla_geomean": 1.5}
@@ -212,7 +213,7 @@ def selections(models: str | None = None, target: str = "sm90") -> dict[str, dic
     from kreg.dispatch import clear_cache
 
     from . import grid
-    from .bench import has_default_pair
+    from .bench import PAIR_BOUNDED, pair_names
     from .bench import problem_of as bench_problem
     from .plugin import select_kda
 
@@ -224,13 +225,11 @@ def selections(models: str | None = None, target: str = "sm90") -> dict[str, dic
         tgt = _target(target)
         out = {}
         for case in grid.cases():
-            pairs = {"bounded": True} | (
-                {"default": False} if has_default_pair(case.params) else {}
-            )
             out[case.name] = {
-                pair: spec_label(select_kda(bench_problem(case.params, bounded=b), tgt).spec)
-                for pair, b in pairs.items()
-            }
+                pair: spec_label(select_kda(bench_problem(case.params, pair == PAIR_BOUNDED),
+                                            tgt).spec)
+                for pair in pair_names(case.params)
+            }  # fmt: skip
         return out
     finally:
         os.environ.pop("KREG_MODELS", None)
@@ -275,7 +274,11 @@ def markdown(sweep: dict, rows: list[dict], st: dict, bench: dict | None = None,
         f"{key.get('triton')}, torch {key.get('torch')}, fla-core {sweep.get('fla')}; "
         f"{len(sweep['shapes'])} grid shapes measured"
         + ("" if sweep.get("complete") else " (**incomplete**: " + str(sweep.get("stopped")) + ")")
-        + f", {sweep.get('elapsed_s', 0):.0f} s.",
+        + f", {sweep.get('elapsed_s', 0):.0f} s. Gates fed: "
+        + ", ".join(
+            f"`{r}`" for r in sorted({regime_of(e["params"]).name for e in sweep["shapes"]})
+        )
+        + ' (docs/kda/GATES.md, "Gate regimes the benchmark feeds").',
         "",
         "Regenerate: `python benchmarks/kda_grid.py sweep --out DIR/sweep.json` (one H200 call), "
         "`python benchmarks/kda_grid.py fit DIR/sweep.json` (writes "
