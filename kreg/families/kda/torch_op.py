@@ -135,8 +135,8 @@ def _problem_from_shapes(
 ):  # fmt: skip
     """The ``LinearAttentionProblem`` ``api._prepare`` builds for these arguments, from shapes
     and flags (what the dispatcher selects on) and, with varlen, the longest sequence, read as
-    ``_prepare`` reads it: from ``cu_seqlens_cpu``, else from ``cu_seqlens`` (one copy to the
-    host if it is on the device), ``max_seqlen`` taking its place where given. Kept equal to
+    ``_prepare`` reads it: from ``cu_seqlens_cpu`` or a CPU ``cu_seqlens`` (device offsets alone
+    are not read), ``max_seqlen`` taking its place where given. Kept equal to
     ``_prepare``'s by a test. The fake implementation itself uses
     ``api._validate(...).problem()``; this shortcut (no k, g, beta needed) serves tests and
     benchmarks that only want the selection."""
@@ -154,9 +154,9 @@ def _problem_from_shapes(
         state_dtype = api._STATE_DTYPES[initial_state.dtype]
     varlen = cu_seqlens is not None
     longest = api._check_max_seqlen(max_seqlen, T, varlen)
-    if varlen:
-        given = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens
-        longest = api.longest_seq(given.cpu().to(torch.int64), longest)
+    given = api._readable_offsets(cu_seqlens, cu_seqlens_cpu) if varlen else None
+    if given is not None:  # device offsets alone are not read: the bound, or None (the mean)
+        longest = api.longest_seq(given.to(torch.int64), longest)
     return LinearAttentionProblem(
         batch=B, seq_len=T, heads_qk=H, heads_v=HV, head_dim_k=K, head_dim_v=V,
         dtype=api._DTYPES[q.dtype], gate_lower_bound=gate_lower_bound,
