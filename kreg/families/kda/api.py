@@ -90,16 +90,22 @@ def kda_prefill(
     ``gate_activation``: "none" (g is the log-decay), "sigmoid_bound"
     (``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``) or "softplus"
     (``-exp(A_log) * softplus(g + dt_bias)``), computed inside the prep kernel.
-    ``cu_seqlens``: int64 or int32 ``[N + 1]`` sequence offsets of a packed batch (B == 1). They
-    are validated on a host copy, and the kernels read a device copy of that validated copy. Pass
-    a CPU tensor (or ``cu_seqlens_cpu`` beside a device one, whose values are then not read) and
-    the call never synchronises with the device; a device tensor alone is validated with one
-    device-to-host copy. (Under CUDA graph capture the device tensor is read: ``torch_op``.)
+    ``cu_seqlens``: int64 or int32 ``[N + 1]`` sequence offsets of a packed batch (B == 1).
+    Device offsets alone (as engines pass them) are never read on the host: no device sync, and
+    the call can be captured in a CUDA graph. Their values are then not validated: they must run
+    from 0 to T, non-decreasing; before any other kernel reads them, one on the device clamps
+    them into [0, T] and makes them non-decreasing (valid offsets pass unchanged), so others give
+    wrong outputs, never an out-of-bounds access. Offsets readable without a sync (a CPU
+    ``cu_seqlens``, or ``cu_seqlens_cpu``, a host copy beside the device tensor) are validated
+    (a bad value raises, naming ``cu_seqlens``) and the kernels read a device copy of that copy
+    (under CUDA graph capture the captured device tensor, whose replays' values count).
     ``max_seqlen``: with ``cu_seqlens``, an upper bound of the longest sequence's length (the
     engines' ``max_seqlen``), which plans the scan (its serial chain is as long as the longest
-    sequence, so a long sequence among short ones gets a sequence-parallel scan). None (the
-    default): the longest length is taken from the host copy of the offsets, never with an
-    extra device sync; a given one must be >= that length. Without ``cu_seqlens``: None or T.
+    sequence, so a long sequence among short ones gets a sequence-parallel scan) and the choice
+    between the recurrence and the chunked form. None (the default): the longest length read
+    from the host copy where there is one (a given bound must be >= it), else the mean length,
+    ``ceil(T / N)``. Results never depend on the plan: a sequence longer than planned is
+    served exactly, only slower. Without ``cu_seqlens``: None or T.
     ``output_chunk_states``: also return the states for prefix caching: the state at the start
     of every ``chunk_states_size`` tokens of each sequence (default 64, as fla; a positive
     multiple of 16, the smallest kernel chunk: 64 and its multiples are served by every spec,
@@ -107,7 +113,14 @@ def kda_prefill(
     with ``state_layout="vk"``), rows ``B * ceil(T / size)``, or with ``cu_seqlens`` the sum of
     ``ceil(length / size)`` in sequence order; in ``chunk_states_dtype`` (fp32, the default,
     bf16 or fp16: rounded from the fp32 state on the store). Independent of the kernels'
-    chunk.
+    chunk. With device offsets alone the host cannot know how many rows are written: the buffer
+    comes back whole (``ceil(T / size) + N - 1`` rows, the written ones first).
+
+    Host time: a call whose key (``plan_key``: shapes, dtypes, devices, 16-byte alignment,
+    contiguity, options, grad mode) was seen before replays the kernel launches recorded for
+    that key (``plans``), with fresh outputs. Calls whose values are read on the host
+    (``cu_seqlens_cpu``, CPU offsets or slots), zero-padded head dims, strided inputs and the
+    chunked form of a pool take the normal path every time.
 
     State pools (the serving engines' state cache): ``initial_state`` a pool ``[P, HV, K, V]``
     (``[P, HV, V, K]`` with ``state_layout="vk"``; fp32 or bf16) and ``initial_state_indices``
