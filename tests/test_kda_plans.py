@@ -88,9 +88,8 @@ def test_grad_mode_and_selection_generation_are_in_the_key():
         dict(cu_seqlens=torch.tensor([0, 32]).to("meta"), cu_seqlens_cpu=torch.tensor([0, 32])),
         dict(scale=torch.tensor(0.5)),  # a 0-d tensor's value is read
         dict(initial_state_indices=torch.tensor([0])),  # host slots: validated on the host
-        dict(A_log=[0.0]),  # not a tensor: the normal path names it
     ],
-    ids=["cpu_offsets", "cu_seqlens_cpu", "scale_tensor", "host_slots", "unhashable"],
+    ids=["cpu_offsets", "cu_seqlens_cpu", "scale_tensor", "host_slots"],
 )
 def test_calls_with_host_values_are_not_planned(options):
     assert key(make(), **options) is None
@@ -98,3 +97,10 @@ def test_calls_with_host_values_are_not_planned(options):
 
 def test_a_non_tensor_input_is_not_planned():
     assert key({**make(), "q": [[0.0]]}) is None
+
+
+def test_an_unhashable_option_takes_the_normal_path(monkeypatch):
+    """A list where a tensor goes makes the key unhashable: the normal path names the argument."""
+    monkeypatch.setattr(api, "interpreting", lambda: True)
+    with pytest.raises(ValueError, match="^A_log: "):
+        api.kda_prefill(**make(), gate_activation="softplus", A_log=[0.0])

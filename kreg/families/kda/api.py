@@ -167,7 +167,10 @@ def run_prefill(q, k, v, g, beta, *, algorithm="auto", allow_opt_in=False, targe
     call of that key (``plans``), skipping validation, selection and argument handling, none of
     which can come out otherwise for the same key."""
     key = plan_key(q, k, v, g, beta, options, (algorithm, allow_opt_in, target, trim_chunk_states))
-    entry = _plans.get(key) if key is not None else False
+    try:
+        entry = _plans.get(key) if key is not None else False
+    except TypeError:  # an unhashable option: the normal path names it
+        key, entry = None, False
     if entry:
         return entry.run(_plan_inputs(q, k, v, g, beta, options))
     problem, call = _prepare(q, k, v, g, beta, **options)
@@ -202,30 +205,34 @@ def clear_plans() -> None:
     _plans.clear()
 
 
-def _describe(x):
+def _describe(x, grad: bool):
     """What a compiled launch depends on in a tensor: shape, dtype, device, contiguity, 16-byte
-    alignment (Triton specialises pointers on it), and whether it requires grad (validation)."""
-    return (x.shape, x.dtype, x.device, x.is_contiguous(), x.data_ptr() % 16 == 0,
-            x.requires_grad)  # fmt: skip
+    alignment (Triton specialises pointers on it), and with grad on whether it requires grad
+    (validation refuses it then, and only then)."""
+    if grad:
+        return (x.shape, x.dtype, x.device, x.is_contiguous(), x.data_ptr() % 16,
+                x.requires_grad)  # fmt: skip
+    return (x.shape, x.dtype, x.device, x.is_contiguous(), x.data_ptr() % 16)
 
 
 def plan_key(q, k, v, g, beta, options: dict, extra: tuple):
     """The key of a call's plan, or None where a call is not planned: a tensor's values are read
     on the host (``cu_seqlens_cpu``, host pool indices), a non-tensor sits where a tensor goes, a
-    tensor where a number goes. Everything validation and the launches read, but no tensor
-    value: a call of a known key passes validation as the first one did, selects the same
+    tensor where a number goes (an unhashable key: no plan). Everything validation and the
+    launches read, but no tensor value: a call of a known key passes validation as the first one did, selects the same
     candidate and spec, and launches the same kernels with the same integers and grids."""
+    grad = torch.is_grad_enabled()
     tensors = []
     for x in (q, k, v, g, beta):
         if not isinstance(x, torch.Tensor):
             return None
-        tensors.append(_describe(x))
+        tensors.append(_describe(x, grad))
     described = []
     for name, value in options.items():
         if isinstance(value, torch.Tensor):
             if name not in _PLAN_TENSORS:
                 return None  # a 0-d scale tensor: its value is read
-            value = _describe(value)
+            value = _describe(value, grad)
         described.append((name, value))
     cu, indices = options.get("cu_seqlens"), options.get("initial_state_indices")
     if (
@@ -237,12 +244,7 @@ def plan_key(q, k, v, g, beta, options: dict, extra: tuple):
                                                or options.get("initial_state_indices_cpu") is not None):  # fmt: skip
         return None  # validated on the host every call
     current = torch.cuda.current_device() if q.device.type == "cuda" else None
-    key = (*tensors, *described, *extra, torch.is_grad_enabled(), current, selector.generation())
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+    return (*tensors, *described, *extra, grad, current, selector.generation())
 
 
 def _plan_inputs(q, k, v, g, beta, options: dict) -> dict:
