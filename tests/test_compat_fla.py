@@ -249,3 +249,10 @@ def test_inputs_requiring_grad_are_refused():
     x["q"].requires_grad_(True)
     with pytest.raises(ValueError, match=r"^q: requires grad"):
         fla.chunk_kda(**x)
+
+
+def test_max_seqlen_is_kregs_extension(recorded):
+    """The engines' bound of the longest sequence passes through (fla ignores the keyword)."""
+    x = inputs()
+    fla.chunk_kda(**x, cu_seqlens=torch.tensor([0, x["q"].shape[1]]), max_seqlen=5)
+    assert mapped(recorded)["max_seqlen"] == 5

@@ -112,6 +112,10 @@ def test_launch_is_the_build(candidate, name, segments, launched, built):
     for build in candidate.builders.values():
         build(spec, sel.target, problem)
     assert launched, "nothing launched"
+    # the varlen tables kernel is every packed batch's, no spec's: test_tables_kernel_builds
+    tables = [k for k in launched if k[0] == "kda_varlen_tables_kernel"]
+    assert len(tables) == (1 if problem.varlen else 0)
+    launched = [k for k in launched if k not in tables]
     assert sorted(launched) == sorted(built)
     kinds = {k[0] for k in launched}
     expected = {"kda.split": {"kda_chunk_prep_kernel", "kda_chunk_scan_kernel"},
@@ -119,3 +123,13 @@ def test_launch_is_the_build(candidate, name, segments, launched, built):
     if segments:
         expected |= {"kda_segment_map_kernel", "kda_segment_combine_kernel"}
     assert kinds == expected
+
+
+@pytest.mark.parametrize("chunk,hs_size", [(64, 0), (0, 0), (32, 128)])
+def test_tables_kernel_builds(chunk, hs_size):
+    """The varlen tables kernel compiles for sm90 in each of its forms (offsets alone, with the
+    chunk tables, with the chunk-state rows): a compile error shows up without a GPU."""
+    from kreg.registry import get_registry
+
+    art = builders.build_kda_varlen_tables(get_registry().targets["sm90"], chunk, hs_size)
+    assert art.kernel == "kda_varlen_tables_kernel"

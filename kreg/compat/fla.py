@@ -20,7 +20,7 @@ import torch
 from kreg.families.kda.api import run_prefill as _run
 
 # the keyword-only names fla 0.6.0 reads from ``**kwargs``
-_KWARGS = ("A_log", "dt_bias", "chunk_size", "transpose_state_layout")
+_KWARGS = ("A_log", "dt_bias", "chunk_size", "transpose_state_layout", "max_seqlen")
 # fused_recurrent_kda's: fla's deprecated layout name, and the state pool (kreg's extension,
 # under SGLang's name and vLLM's / fla's kernel-level name)
 _RECURRENT_KWARGS = ("transpose_state_layout", "initial_state_indices", "ssm_state_indices")
@@ -97,8 +97,9 @@ def chunk_kda(
     as fla: ``h`` the state at the start of every ``chunk_size`` tokens (64 by default) of each
     sequence, ``[B, NT, HV, K, V]`` (``[.., V, K]`` with ``state_v_first``) in q's dtype, NT =
     ceil(T / chunk_size); with ``cu_seqlens`` B = 1 and NT the sequences' chunks in order
-    (with ``use_graph`` too, ``ceil(T / chunk_size) + N - 1`` rows, the surplus unwritten, as
-    fla's). Served by ``kda_prefill(output_chunk_states=True, chunk_states_size=chunk_size,
+    (with ``use_graph``, or with device ``cu_seqlens`` alone, whose values are never read on
+    the host, ``ceil(T / chunk_size) + N - 1`` rows, the written ones first, the surplus
+    unwritten, as fla's ``use_graph``). Served by ``kda_prefill(output_chunk_states=True, chunk_states_size=chunk_size,
     chunk_states_dtype=q.dtype)``, whatever chunk kreg's kernels run at. Layouts are fla's (and kda_prefill's): q, k ``[B, T, H, K]``, v
     ``[B, T, HV, V]``, g ``[B, T, HV, K]``, beta ``[B, T, HV]``, states ``[N, HV, K, V]``.
 
@@ -107,7 +108,13 @@ def chunk_kda(
     - ``use_qk_l2norm_in_kernel`` -> ``use_qk_l2norm``; ``use_beta_sigmoid_in_kernel`` ->
       ``use_beta_sigmoid``; ``state_v_first=True`` (states ``[.., V, K]``) ->
       ``state_layout="vk"``; ``scale``, ``initial_state``, ``output_final_state``,
-      ``cu_seqlens``, ``cu_seqlens_cpu`` pass through.
+      ``cu_seqlens``, ``cu_seqlens_cpu`` pass through. Device ``cu_seqlens`` alone are never
+      read on the host (no sync; capturable in a CUDA graph; not validated: see
+      ``kda_prefill``); ``cu_seqlens_cpu`` beside them is validated.
+    - kreg's extension in ``**kwargs``: ``max_seqlen``, an upper bound of the longest sequence
+      (the engines have it), which plans the scan as the host offsets would; without it and
+      without ``cu_seqlens_cpu``, device offsets are planned for the mean length (exact either
+      way; a long sequence among short ones runs faster with the bound).
     - ``use_gate_in_kernel=True`` (``A_log`` ``[HV]`` and optional ``dt_bias`` ``[HV * K]`` in
       ``**kwargs``): with ``lower_bound`` None, ``gate_activation="softplus"``
       (``-exp(A_log) * softplus(g + dt_bias)``; ``A_log`` required); with ``lower_bound`` set,
@@ -196,6 +203,7 @@ def chunk_kda(
         use_beta_sigmoid=use_beta_sigmoid_in_kernel,
         state_layout=state_layout,
         trim_chunk_states=not (use_graph and cu_seqlens is not None),
+        **{name: kwargs[name] for name in ("max_seqlen",) if name in kwargs},
         **states,
     )  # fmt: skip
     if not intermediate:

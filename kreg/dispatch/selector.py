@@ -53,14 +53,33 @@ class NoCandidateError(LookupError):
 
 _cache: dict = {}
 _cache_registry = None
+_generation = 0
 
 
 def clear_cache() -> None:
     """Forget cached selections and re-read the tuning table on next use."""
-    global _cache_registry
+    global _cache_registry, _generation
     _cache.clear()
     _cache_registry = None
+    _generation += 1
     ranker.clear_table()
+
+
+def _forget(registry) -> None:
+    """A new registry: its selections may differ."""
+    global _cache_registry, _generation
+    _cache.clear()
+    _cache_registry = registry
+    _generation += 1
+
+
+def generation() -> int:
+    """Changes whenever cached selections are forgotten (``clear_cache``, a new registry): what
+    caches built on selections (a family's launch plans) key on."""
+    registry = get_registry()
+    if registry is not _cache_registry:
+        _forget(registry)
+    return _generation
 
 
 def select(
@@ -79,13 +98,11 @@ def select(
     point; None considers every family. Raises NoCandidateError when nothing (or not the pinned
     one) serves, ValueError for an unknown algorithm, target or family.
     """
-    global _cache_registry
     if not isinstance(allow_opt_in, bool):  # before the cache, where "no" would be a key
         raise ValueError(f"allow_opt_in: must be a bool, got {allow_opt_in!r}")
     registry = get_registry()
     if registry is not _cache_registry:
-        _cache.clear()
-        _cache_registry = registry
+        _forget(registry)
     key = (problem, target, algorithm, allow_opt_in, family)
     try:
         return _cache[key]

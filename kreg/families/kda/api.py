@@ -16,10 +16,11 @@ import attrs
 import numpy as np
 import torch
 
+from kreg.dispatch import selector
 from kreg.problems import LinearAttentionProblem
 from kreg.registry.interpreter import interpreting
 
-from . import launch
+from . import launch, plans
 from .plugin import select_kda
 from .specs import CHUNKS, HEAD_DIMS, MAX_HEAD_DIM, padded_head_dim
 
@@ -89,16 +90,22 @@ def kda_prefill(
     ``gate_activation``: "none" (g is the log-decay), "sigmoid_bound"
     (``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``) or "softplus"
     (``-exp(A_log) * softplus(g + dt_bias)``), computed inside the prep kernel.
-    ``cu_seqlens``: int64 or int32 ``[N + 1]`` sequence offsets of a packed batch (B == 1). They
-    are validated on a host copy, and the kernels read a device copy of that validated copy. Pass
-    a CPU tensor (or ``cu_seqlens_cpu`` beside a device one, whose values are then not read) and
-    the call never synchronises with the device; a device tensor alone is validated with one
-    device-to-host copy. (Under CUDA graph capture the device tensor is read: ``torch_op``.)
+    ``cu_seqlens``: int64 or int32 ``[N + 1]`` sequence offsets of a packed batch (B == 1).
+    Device offsets alone (as engines pass them) are never read on the host: no device sync, and
+    the call can be captured in a CUDA graph. Their values are then not validated: they must run
+    from 0 to T, non-decreasing; before any other kernel reads them, one on the device clamps
+    them into [0, T] and makes them non-decreasing (valid offsets pass unchanged), so others give
+    wrong outputs, never an out-of-bounds access. Offsets readable without a sync (a CPU
+    ``cu_seqlens``, or ``cu_seqlens_cpu``, a host copy beside the device tensor) are validated
+    (a bad value raises, naming ``cu_seqlens``) and the kernels read a device copy of that copy
+    (under CUDA graph capture the captured device tensor, whose replays' values count).
     ``max_seqlen``: with ``cu_seqlens``, an upper bound of the longest sequence's length (the
     engines' ``max_seqlen``), which plans the scan (its serial chain is as long as the longest
-    sequence, so a long sequence among short ones gets a sequence-parallel scan). None (the
-    default): the longest length is taken from the host copy of the offsets, never with an
-    extra device sync; a given one must be >= that length. Without ``cu_seqlens``: None or T.
+    sequence, so a long sequence among short ones gets a sequence-parallel scan) and the choice
+    between the recurrence and the chunked form. None (the default): the longest length read
+    from the host copy where there is one (a given bound must be >= it), else the mean length,
+    ``ceil(T / N)``. Results never depend on the plan: a sequence longer than planned is
+    served exactly, only slower. Without ``cu_seqlens``: None or T.
     ``output_chunk_states``: also return the states for prefix caching: the state at the start
     of every ``chunk_states_size`` tokens of each sequence (default 64, as fla; a positive
     multiple of 16, the smallest kernel chunk: 64 and its multiples are served by every spec,
@@ -106,7 +113,14 @@ def kda_prefill(
     with ``state_layout="vk"``), rows ``B * ceil(T / size)``, or with ``cu_seqlens`` the sum of
     ``ceil(length / size)`` in sequence order; in ``chunk_states_dtype`` (fp32, the default,
     bf16 or fp16: rounded from the fp32 state on the store). Independent of the kernels'
-    chunk.
+    chunk. With device offsets alone the host cannot know how many rows are written: the buffer
+    comes back whole (``ceil(T / size) + N - 1`` rows, the written ones first).
+
+    Host time: a call whose key (``plan_key``: shapes, dtypes, devices, 16-byte alignment,
+    contiguity, options, grad mode) was seen before replays the kernel launches recorded for
+    that key (``plans``), with fresh outputs. Calls whose values are read on the host
+    (``cu_seqlens_cpu``, CPU offsets or slots), zero-padded head dims, strided inputs and the
+    chunked form of a pool take the normal path every time.
 
     State pools (the serving engines' state cache): ``initial_state`` a pool ``[P, HV, K, V]``
     (``[P, HV, V, K]`` with ``state_layout="vk"``; fp32 or bf16) and ``initial_state_indices``
@@ -147,11 +161,117 @@ def run_prefill(q, k, v, g, beta, *, algorithm="auto", allow_opt_in=False, targe
     """``kda_prefill`` (``options``: its other keywords, ``_prepare``'s defaults for the rest);
     ``trim_chunk_states=False`` returns a varlen call's whole chunk-state buffer
     (``launch.chunk_state_rows`` rows, the written ones first: what fla's ``use_graph``
-    returns, the same rows whatever the offsets, as a captured graph needs)."""
+    returns, the same rows whatever the offsets, as a captured graph needs).
+
+    The thin path: a call whose key (``plan_key``) was seen replays the launches of the first
+    call of that key (``plans``), skipping validation, selection and argument handling, none of
+    which can come out otherwise for the same key."""
+    key = plan_key(q, k, v, g, beta, options, (algorithm, allow_opt_in, target, trim_chunk_states))
+    try:
+        entry = _plans.get(key) if key is not None else False
+    except TypeError:  # an unhashable option: the normal path names it
+        key, entry = None, False
+    if entry:
+        return entry.run(_plan_inputs(q, k, v, g, beta, options))
     problem, call = _prepare(q, k, v, g, beta, **options)
     selection = select_kda(problem, _target(q, target), algorithm=algorithm,
                            allow_opt_in=allow_opt_in)  # fmt: skip
-    return run_selection(selection, call, problem, trim_chunk_states)
+    if entry is None:  # recorded when seen again: a key seen once (a new T) costs no recording
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        _plans[key] = _SEEN
+    if entry is not _SEEN:
+        return run_selection(selection, call, problem, trim_chunk_states)
+    inputs = _plan_inputs(q, k, v, g, beta, options)
+    with plans.Recorder(_plan_roles(call, inputs), q.device) as recorder:
+        out = run_selection(selection, call, problem, trim_chunk_states)
+    _plans[key] = recorder.plan(out) or False  # False: replays cannot serve this key
+    return out
+
+
+# plan_key -> plans.Plan; _SEEN (seen once); False: its calls take the normal path
+_plans: dict = {}
+_SEEN = 0
+_MAX_PLANS = 4096  # keys of many packed lengths (an engine's prefills) must not grow without end
+# the launch call's tensors a plan takes from each call, by role (``_plan_inputs``)
+_PLAN_ROLES = ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias", "cu_seqlens",
+               "state_indices")  # fmt: skip
+_PLAN_TENSORS = ("initial_state", "cu_seqlens", "cu_seqlens_cpu", "A_log", "dt_bias",
+                 "initial_state_indices", "initial_state_indices_cpu")  # fmt: skip
+
+
+def clear_plans() -> None:
+    """Forget the cached plans (with ``selector.clear_cache``: a new tuning table)."""
+    _plans.clear()
+
+
+def _describe(x, grad: bool):
+    """What a compiled launch depends on in a tensor: shape, dtype, device, contiguity, 16-byte
+    alignment (Triton specialises pointers on it), and with grad on whether it requires grad
+    (validation refuses it then, and only then)."""
+    if grad:
+        return (x.shape, x.dtype, x.device, x.is_contiguous(), x.data_ptr() % 16,
+                x.requires_grad)  # fmt: skip
+    return (x.shape, x.dtype, x.device, x.is_contiguous(), x.data_ptr() % 16)
+
+
+def plan_key(q, k, v, g, beta, options: dict, extra: tuple):
+    """The key of a call's plan, or None where a call is not planned: a tensor's values are read
+    on the host (``cu_seqlens_cpu``, host pool indices), a non-tensor sits where a tensor goes, a
+    tensor where a number goes (an unhashable key: no plan). Everything validation and the
+    launches read, but no tensor value: a call of a known key passes validation as the first one did, selects the same
+    candidate and spec, and launches the same kernels with the same integers and grids."""
+    grad = torch.is_grad_enabled()
+    tensors = []
+    for x in (q, k, v, g, beta):
+        if not isinstance(x, torch.Tensor):
+            return None
+        tensors.append(_describe(x, grad))
+    described = []
+    for name, value in options.items():
+        if isinstance(value, torch.Tensor):
+            if name not in _PLAN_TENSORS:
+                return None  # a 0-d scale tensor: its value is read
+            value = _describe(value, grad)
+        described.append((name, value))
+    cu, indices = options.get("cu_seqlens"), options.get("initial_state_indices")
+    if (
+        isinstance(cu, torch.Tensor)
+        and _readable_offsets(cu, options.get("cu_seqlens_cpu")) is not None
+    ):
+        return None  # validated on the host every call; the longest sequence read from it
+    if isinstance(indices, torch.Tensor) and (indices.device.type == "cpu"
+                                               or options.get("initial_state_indices_cpu") is not None):  # fmt: skip
+        return None  # validated on the host every call
+    current = torch.cuda.current_device() if q.device.type == "cuda" else None
+    return (*tensors, *described, *extra, grad, current, selector.generation())
+
+
+def _plan_inputs(q, k, v, g, beta, options: dict) -> dict:
+    """The launch call's tensors of a planned call by role, as ``make_call`` derives them for a
+    key that has a plan (``_plan_roles`` checks it at record time): the caller's tensors as
+    given (contiguous, at the kernels' head dims), the pool slots as the kernels read them."""
+    indices = options.get("initial_state_indices")
+    return dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=options.get("initial_state"),
+                A_log=options.get("A_log"), dt_bias=options.get("dt_bias"),
+                cu_seqlens=options.get("cu_seqlens"),
+                state_indices=None if indices is None else _device_slots(indices))  # fmt: skip
+
+
+def _plan_roles(call: launch.Call, inputs: dict) -> dict:
+    """The recorded call's tensors by role, where a replay's ``_plan_inputs`` stand for them:
+    the same memory (a view such as A_log [1, 1, HV, 1] read as [HV] is the same memory). A
+    tensor made per call (a padded or contiguous copy) gets no role: the recorder then finds an
+    argument it cannot name and makes no plan."""
+    roles = {}
+    for name in _PLAN_ROLES:
+        made, given = getattr(call, name), inputs[name]
+        if made is None or given is None:
+            continue
+        if name == "state_indices" or (made.data_ptr() == given.data_ptr()
+                                       and made.dtype == given.dtype):  # fmt: skip
+            roles[name] = made
+    return roles
 
 
 def run_selection(selection, call: launch.Call, problem: LinearAttentionProblem,
@@ -178,7 +298,8 @@ def run_selection(selection, call: launch.Call, problem: LinearAttentionProblem,
     if not problem.output_chunk_states:
         return o, ht
     if trim_chunk_states:
-        hs = hs[: _total_chunks(call, call.chunk_states_size)]
+        rows = _total_chunks(call, call.chunk_states_size)
+        hs = hs[:rows] if rows is not None and rows < hs.shape[0] else hs
     return o, ht, _unpad(hs, problem, problem.state_layout)
 
 
@@ -218,9 +339,12 @@ def _scatter_slots(pool: torch.Tensor, slots: torch.Tensor, final: torch.Tensor)
     pool.index_copy_(0, target, value)
 
 
-def _total_chunks(call: launch.Call, chunk: int) -> int:
+def _total_chunks(call: launch.Call, chunk: int) -> int | None:
+    """The chunk-state rows written, or None where only the device knows (device offsets)."""
     if call.cu_seqlens is None:
         return call.q.shape[0] * -(-call.q.shape[1] // chunk)
+    if call.cu_seqlens_host is None:
+        return None
     lens = call.cu_seqlens_host[1:] - call.cu_seqlens_host[:-1]
     return int(((lens + chunk - 1) // chunk).sum())
 
@@ -479,7 +603,7 @@ def _prepare(
     )  # fmt: skip
     _check_device(q)
     cu_host, cu_dev = _offsets(cu_seqlens, cu_seqlens_cpu, int(q.shape[1]), q.device)
-    if cu_host is None:
+    if cu_host is None:  # fixed length, or device offsets: the caller's bound, else the mean
         problem = checked.problem()
     else:  # the host copy _offsets validated (read anyway): the longest length costs no sync
         problem = checked.problem(max_seqlen=longest_seq(cu_host, checked.fields["max_seqlen"]))
@@ -506,9 +630,9 @@ def make_call(checked: Checked, problem: LinearAttentionProblem, q, k, v, g, bet
         # an absent A_log means a factor exp(0) = 1, an absent dt_bias a zero bias
         HV, K = fields["heads_v"], fields["head_dim_k"]
         if A_log is None:
-            A_log = torch.zeros(HV, dtype=torch.float32, device=q.device)
+            A_log = _zeros(HV, q.device)
         if dt_bias is None:
-            dt_bias = torch.zeros(HV * K, dtype=torch.float32, device=q.device)
+            dt_bias = _zeros(HV * K, q.device)
     q, k, v, g, beta, A_log, dt_bias, initial_state = _kernel_inputs(
         problem, q, k, v, g, beta, A_log, dt_bias, initial_state
     )
@@ -524,6 +648,11 @@ def make_call(checked: Checked, problem: LinearAttentionProblem, q, k, v, g, bet
         chunk_states_size=problem.chunk_states_size,
         chunk_states_dtype=_CHUNK_STATE_DTYPES_BY_NAME[problem.chunk_states_dtype],
     )  # fmt: skip
+
+
+def _zeros(n: int, device) -> torch.Tensor:
+    """A cached fp32 zero vector the kernels only read (made once, not per call)."""
+    return plans.constant(("zeros", n, device), lambda: torch.zeros(n, device=device))
 
 
 def _check_pool_indices(indices, indices_cpu, n_seqs, device) -> bool:
@@ -575,7 +704,12 @@ def _pool_slots(indices, indices_cpu, pool):
             _fail("initial_state_indices", f"slot {int(values[counts > 1][0])} is given to "
                                            "more than one sequence: their final states would "
                                            "race for it")  # fmt: skip
-    # the kernels read slot n at offset n: a strided view (a column of a slot table) is copied
+    return _device_slots(indices)
+
+
+def _device_slots(indices: torch.Tensor) -> torch.Tensor:
+    """The slots as the kernels read them: int64, slot n at offset n (a strided view, a column of
+    a slot table, is copied; int32 converted on the device; int64 contiguous as given)."""
     return indices.to(torch.int64).contiguous()
 
 
@@ -748,17 +882,33 @@ def longest_seq(cu_host: torch.Tensor, max_seqlen: int | None = None) -> int:
     return max_seqlen
 
 
+def _readable_offsets(cu_seqlens, cu_seqlens_cpu):
+    """The offsets' host copy where reading it costs no device sync (``cu_seqlens_cpu``, or
+    ``cu_seqlens`` on the CPU), else None: device offsets alone, which are never read on the
+    host."""
+    if cu_seqlens_cpu is not None:
+        return cu_seqlens_cpu
+    return cu_seqlens if cu_seqlens.device.type == "cpu" else None
+
+
 def _offsets(cu_seqlens, cu_seqlens_cpu, T, device):
-    """Validate the offsets' values on a host copy; return (host int64, device int64) or
-    (None, None). The kernels read the device tensor returned here, a copy of the validated host
-    offsets, so they never read unvalidated offsets: with ``cu_seqlens_cpu`` the values of
-    ``cu_seqlens`` are not read (no sync); without it a device ``cu_seqlens`` is read once to the
-    host (a sync). Exception: during CUDA graph capture the captured device ``cu_seqlens`` is what
-    replays read, so it is used, clamped on the device into ``[0, T]`` and made non-decreasing
-    (no offset a replay copies in can make a kernel read out of bounds)."""
+    """Validate the offsets' values where a host copy is readable without a sync
+    (``_readable_offsets``); return (host int64 or None, the device offsets the kernels get), or
+    (None, None) without offsets. The kernels read the device tensor through
+    ``launch.chunk_tables``, which clamps it into [0, T] and makes it non-decreasing (valid
+    offsets pass unchanged), so no offsets make a kernel read out of bounds.
+
+    - A host copy: validated (a bad value raises, naming ``cu_seqlens``), and the kernels read
+      a device copy of it (the values of a device ``cu_seqlens`` beside ``cu_seqlens_cpu`` are
+      not read), except under CUDA graph capture, where the captured device ``cu_seqlens`` is
+      what replays read.
+    - Device offsets alone: not read on the host, not validated (the contract: offsets from 0 to
+      T, non-decreasing; others give wrong outputs, never an out-of-bounds access)."""
     if cu_seqlens is None:
         return None, None
-    given = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens.cpu()
+    given = _readable_offsets(cu_seqlens, cu_seqlens_cpu)
+    if given is None:
+        return None, cu_seqlens
     # int32 (vLLM) or int64, any stride; a no-op for a contiguous int64 CPU tensor
     host = given.to(torch.int64).contiguous()
     if int(host[0]) != 0:
@@ -770,8 +920,7 @@ def _offsets(cu_seqlens, cu_seqlens_cpu, T, device):
     if device.type == "cpu":
         return host, host
     if cu_seqlens.device == device and torch.cuda.is_current_stream_capturing():
-        dev = cu_seqlens.to(torch.int64).clamp(0, T)
-        return host, torch.cummax(dev, 0).values
+        return host, cu_seqlens
     if host is cu_seqlens_cpu and host.is_pinned():
         host = host.clone()  # the asynchronous copy must read what was validated, not a later edit
     return host, host.to(device, non_blocking=True)

@@ -201,3 +201,28 @@ def build_kda_segment_combine(
         signature, _scan_scalars(spec, shape), scan_absent(spec, h0_is_segment_starts=False)
     )
     return _compile(segment_combine_launch(spec, fp32_dot), signature, target, values)
+
+
+# --- the varlen tables: one launch before the kernels of a packed batch -------------------------
+TABLES_BLOCK = 256
+
+
+def tables_launch(chunk: int, hs_size: int) -> KernelLaunch:
+    """The offsets (and with ``chunk`` the chunk tables, with ``hs_size`` the chunk-state rows)
+    of a packed batch: ``table_kernels``. ``chunk`` = 0 / ``hs_size`` = 0: not made."""
+    from .table_kernels import kda_varlen_tables_kernel
+
+    constexprs = dict(C=chunk, HS=hs_size, BLOCK=TABLES_BLOCK)
+    return KernelLaunch(kda_varlen_tables_kernel, constexprs, 4, 1)
+
+
+@functools.cache
+def build_kda_varlen_tables(target: Target, chunk: int = 64, hs_size: int = 0) -> Artifact:
+    signature = {"cu_in": "*i64", "cu_out": "*i64", "seq_chunk": "*i32", "chunk_seq": "*i32",
+                 "hs_seq": "*i32", "N": "i32", "T": "i32", "NC": "i32", "STEPS": "i32"}  # fmt: skip
+    values = dict(N=64, T=8192, NC=192, STEPS=7)
+    if not chunk:
+        values |= dict.fromkeys(("seq_chunk", "chunk_seq"))
+    if not hs_size:
+        values["hs_seq"] = None
+    return _compile(tables_launch(chunk, hs_size), signature, target, values)

@@ -321,7 +321,7 @@ def run_cp(cp: CpCall, selection):
     send = torch.zeros((plan.slots, HV, K, K + V), dtype=torch.float32, device=dev)
     tables = tiles = seg_map = None
     if call is not None:
-        tables = launch.chunk_tables(call, tile.chunk)
+        call, tables = launch.chunk_tables(call, tile.chunk)
         tiles = launch.run_prep(call, tile, tables)
         if scan.segment_chunks:  # the local scan's maps: the open piece's map reuses them
             seg_map = launch.segment_maps(call, tiles, scan, tables[0], len(plan.seqs))

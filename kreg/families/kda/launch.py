@@ -9,6 +9,7 @@ import attrs
 import torch
 import triton
 
+from . import plans
 from .builders import (
     KernelLaunch,
     fused_launch,
@@ -16,6 +17,7 @@ from .builders import (
     scan_launch,
     segment_combine_launch,
     segment_map_launch,
+    tables_launch,
 )
 from .recurrent import recurrent_launch, recurrent_scalars
 from .runtime_args import scan_scalars, tile_scalars
@@ -41,9 +43,9 @@ class Call:
     output_final_state: bool
     output_chunk_states: bool
     state_layout: str
-    # int64 [N + 1] on the device, or None: a device copy of the validated host offsets (under
-    # CUDA graph capture the captured input, clamped into range); the kernels and chunk_tables
-    # read only this, never the caller's unvalidated tensor
+    # int64 or int32 [N + 1] on the device, or None: a device copy of the validated host offsets,
+    # or the caller's device offsets (not validated: device-only, or under CUDA graph capture);
+    # chunk_tables makes them safe before any other kernel reads them
     cu_seqlens: torch.Tensor | None
     cu_seqlens_host: torch.Tensor | None = None  # the validated CPU offsets, int64
     # varlen: the longest sequence's tokens the scan is planned for (the problem's, read once
@@ -57,22 +59,27 @@ class Call:
 
 
 def chunk_tables(call: Call, chunk: int):
-    """(seq_chunk [N+1] int32, chunk_seq [NC_max] int32, NC_max) built on the device: no sync.
+    """(call, (seq_chunk [N+1] int32, chunk_seq [NC_max] int32, NC_max)), made on the device in
+    one launch (``table_kernels``): no sync. The returned call reads the offsets that kernel made
+    safe (clamped into [0, T], non-decreasing: the same values where they were valid), which is
+    what every kernel of a packed batch must read. ``chunk`` = 0: the offsets alone.
 
     For fixed-length batches the kernels derive chunks arithmetically and no tables are made.
     """
     B, T = call.q.shape[:2]
     if call.cu_seqlens is None:
-        return None, None, B * triton.cdiv(T, chunk)
+        return call, (None, None, B * triton.cdiv(T, chunk) if chunk else 0)
     cu = call.cu_seqlens
-    n_chunks = torch.div(cu[1:] - cu[:-1] + chunk - 1, chunk, rounding_mode="floor")
-    seq_chunk = torch.zeros(cu.numel(), dtype=torch.int32, device=cu.device)
-    seq_chunk[1:] = torch.cumsum(n_chunks, 0)
-    nc_max = triton.cdiv(T, chunk) + cu.numel() - 1  # every sequence adds at most one part chunk
-    ids = torch.arange(nc_max, dtype=torch.int32, device=cu.device)
-    chunk_seq = torch.searchsorted(seq_chunk[1:], ids, right=True).to(torch.int32)
-    chunk_seq.clamp_(max=cu.numel() - 2)
-    return seq_chunk, chunk_seq, nc_max
+    n = cu.shape[0] - 1
+    dev = call.q.device
+    # every sequence adds at most one part chunk
+    nc_max = triton.cdiv(T, chunk) + n if chunk else 0
+    clean = torch.empty(n + 1, dtype=torch.int64, device=dev)
+    seq_chunk = torch.empty(n + 1, dtype=torch.int32, device=dev) if chunk else None
+    chunk_seq = torch.empty(max(nc_max, 1), dtype=torch.int32, device=dev) if chunk else None
+    _launch(tables_launch(chunk, 0), (1,), cu, clean, seq_chunk, chunk_seq, None, N=n, T=T,
+            NC=nc_max, STEPS=n.bit_length())  # fmt: skip
+    return attrs.evolve(call, cu_seqlens=clean), (seq_chunk, chunk_seq, nc_max)
 
 
 def chunk_state_rows(call: Call) -> int:
@@ -116,9 +123,12 @@ def _scalars(call: Call) -> dict:
 
 
 def _launch(lc: KernelLaunch, grid, *args, **runtime):
-    """Launch ``lc`` (the spec's derivation in builders.py, the one the builds compile)."""
-    lc.fn[grid](*args, **runtime, **lc.constexprs, num_warps=lc.num_warps,
-                num_stages=lc.num_stages)  # fmt: skip
+    """Launch ``lc`` (the spec's derivation in builders.py, the one the builds compile); a
+    recording plan (``plans``) notes the launch to replay it."""
+    with plans.launching():
+        kernel = lc.fn[grid](*args, **runtime, **lc.constexprs, num_warps=lc.num_warps,
+                             num_stages=lc.num_stages)  # fmt: skip
+    plans.note_launch(lc, grid, args, runtime, kernel)
 
 
 def _inputs(call: Call):
@@ -131,7 +141,7 @@ def _n_states(call: Call) -> int:
 
 def run_split(call: Call, tile, scan):
     """Prep kernel then scan kernel. Returns (o, final_state, chunk_states)."""
-    tables = chunk_tables(call, tile.chunk)
+    call, tables = chunk_tables(call, tile.chunk)
     return run_scan(call, tile, scan, tables, run_prep(call, tile, tables))
 
 
@@ -216,7 +226,7 @@ def _scan_scalars(call: Call, chunk: int, segment_chunks: int) -> dict:
 def run_fused(call: Call, spec):
     """The fused kernel alone. Returns (o, final_state, chunk_states)."""
     tile = spec.tile
-    seq_chunk = chunk_tables(call, tile.chunk)[0]
+    call, (seq_chunk, _, _) = chunk_tables(call, tile.chunk)
     HV = call.v.shape[2]
     o, ht, hs = _outputs(call)
     n_states = _n_states(call)
@@ -231,6 +241,7 @@ def run_fused(call: Call, spec):
 def run_recurrent(call: Call, spec):
     """Launch the recurrence for a validated ``launch.Call``. Returns (o, final_state, None):
     with a pool the final states are in the pool (returned as the final state)."""
+    call = chunk_tables(call, 0)[0]  # the offsets made safe
     B, T, H = call.q.shape[:3]
     HV, V = call.v.shape[2], call.v.shape[3]
     n = B if call.cu_seqlens is None else call.cu_seqlens.numel() - 1

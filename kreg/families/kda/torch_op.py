@@ -50,33 +50,30 @@ through this op) when:
    the tuning table and queries device properties) is cached.
 2. **Fixed shapes**: every allocation (outputs, the prep kernel's tiles, the chunk tables, the
    segment buffers) and every grid is derived from the tensor shapes (B, T, H, HV, K, V), the
-   flags, and - for varlen - the sequence count N and the CPU copy of the offsets. Replays must
+   flags, and - for varlen - the sequence count N and the planned longest sequence. Replays must
    keep the shapes, flags and N of the capture; new data is copied into the captured input
    tensors (``q``, ``k``, ``v``, ``g``, ``beta``, ``initial_state``, ``A_log``, ``dt_bias``, and the
    device ``cu_seqlens``).
-3. **Varlen: pass ``cu_seqlens`` as a device tensor *and* ``cu_seqlens_cpu``** (its CPU copy).
-   Validation then reads only the CPU copy (no device-to-host sync). Outside capture the kernels
-   read a device copy of the validated CPU copy (the device tensor's values are not read); during
-   capture they read the captured device tensor, clamped on the device into ``[0, T]`` and made
-   non-decreasing, so offsets copied in before a replay cannot make a kernel read its inputs out
-   of bounds (offsets that break the rules give wrong outputs, not a fault). The chunk tables
-   (per-sequence chunk offsets, chunk -> sequence map) are built on the device by torch ops
-   with an upper-bound chunk count ``ceil(T / chunk) + N`` (surplus programs exit), so new
-   offsets copied into the captured ``cu_seqlens`` take effect on replay.
-   Do *not* pass only a CPU ``cu_seqlens`` when capturing: the call then copies it host-to-device
-   inside the graph (a pageable host copy, which capture rejects or, if pinned, re-reads a freed
-   temporary on replay). A device ``cu_seqlens`` alone is validated with a device-to-host copy,
-   which is a synchronisation and fails capture. ``cu_seqlens_cpu`` must be a CPU tensor
-   (``kda_prefill`` rejects any other device).
+3. **Varlen: pass ``cu_seqlens`` as a device tensor** (alone, or with ``cu_seqlens_cpu``, its
+   CPU copy, to have the values validated at capture). Device offsets alone are never read on
+   the host. During capture the kernels read the captured device tensor, which a kernel on the
+   device clamps into ``[0, T]`` and makes non-decreasing before the others read it, so offsets
+   copied in before a replay cannot make a kernel read out of bounds (offsets that break the
+   rules give wrong outputs, not a fault). The chunk tables (per-sequence chunk offsets, chunk
+   -> sequence map) are built by that kernel too, with an upper-bound chunk count
+   ``ceil(T / chunk) + N`` (surplus programs exit), so new offsets copied into the captured
+   ``cu_seqlens`` take effect on replay. Do *not* pass only a CPU ``cu_seqlens`` when
+   capturing: the call then copies it host-to-device inside the graph (a pageable host copy,
+   which capture rejects or, if pinned, re-reads a freed temporary on replay).
 4. **Varlen with a sequence-parallel scan spec** (``segment_chunks > 0``): the segment grid and
-   buffers are sized from shapes alone, ``ceil(ceil(T / chunk) / segment_chunks)`` segments per
-   sequence (no sequence spans more than T tokens), so replays with new offsets stay exact;
-   segments past a sequence's end do nothing. The spec itself (segments or not) is chosen at
-   capture for the capture's longest sequence (``max_seqlen``, or read from
-   ``cu_seqlens_cpu``): replays with other lengths stay exact but keep that plan, so capture
-   with ``max_seqlen`` set to the longest length the replays will see.
-5. ``gate_activation`` other than "none" without ``A_log``/``dt_bias`` allocates zero-filled
-   defaults inside the call (a capturable memset); nothing else is host-dependent.
+   buffers are sized for the planned longest sequence (``max_seqlen``, the longest of
+   ``cu_seqlens_cpu``, else the mean length ``ceil(T / N)``); segments past a sequence's end do
+   nothing, and a sequence longer than planned runs its extra chunks in its last segment, so
+   replays with other lengths stay exact but keep the capture's plan: capture with
+   ``max_seqlen`` set to the longest length the replays will see.
+5. ``gate_activation`` other than "none" without ``A_log``/``dt_bias`` reads cached zero
+   defaults (made once, outside capture; under capture a capturable memset); nothing else is
+   host-dependent.
 
 ``torch.compile``: the op is one node; ``backend="aot_eager"`` and inductor run it as is. With
 ``mode="reduce-overhead"`` (inductor CUDA graphs) a CPU ``cu_seqlens_cpu`` input makes inductor
@@ -135,8 +132,8 @@ def _problem_from_shapes(
 ):  # fmt: skip
     """The ``LinearAttentionProblem`` ``api._prepare`` builds for these arguments, from shapes
     and flags (what the dispatcher selects on) and, with varlen, the longest sequence, read as
-    ``_prepare`` reads it: from ``cu_seqlens_cpu``, else from ``cu_seqlens`` (one copy to the
-    host if it is on the device), ``max_seqlen`` taking its place where given. Kept equal to
+    ``_prepare`` reads it: from ``cu_seqlens_cpu`` or a CPU ``cu_seqlens`` (device offsets alone
+    are not read), ``max_seqlen`` taking its place where given. Kept equal to
     ``_prepare``'s by a test. The fake implementation itself uses
     ``api._validate(...).problem()``; this shortcut (no k, g, beta needed) serves tests and
     benchmarks that only want the selection."""
@@ -154,9 +151,9 @@ def _problem_from_shapes(
         state_dtype = api._STATE_DTYPES[initial_state.dtype]
     varlen = cu_seqlens is not None
     longest = api._check_max_seqlen(max_seqlen, T, varlen)
-    if varlen:
-        given = cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens
-        longest = api.longest_seq(given.cpu().to(torch.int64), longest)
+    given = api._readable_offsets(cu_seqlens, cu_seqlens_cpu) if varlen else None
+    if given is not None:  # device offsets alone are not read: the bound, or None (the mean)
+        longest = api.longest_seq(given.to(torch.int64), longest)
     return LinearAttentionProblem(
         batch=B, seq_len=T, heads_qk=H, heads_v=HV, head_dim_k=K, head_dim_v=V,
         dtype=api._DTYPES[q.dtype], gate_lower_bound=gate_lower_bound,

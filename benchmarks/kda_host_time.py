@@ -1,0 +1,161 @@
+"""Host time per call of KDA prefill and decode, kreg against fla-core, called as engines call
+them: ``kreg.compat.fla.chunk_kda`` / ``fused_recurrent_kda`` with exactly fla's keywords
+(softplus gate in the kernel from ``A_log`` / ``dt_bias``, L2 norm in the kernel, varlen with
+device ``cu_seqlens`` only, K = V = 128, bf16), fla-core's own functions in the same process
+(``FLA_DISABLE_BACKEND_DISPATCH=1``) where importable.
+
+Host time: N calls back to back after warm-up, ``time.perf_counter`` around the Python calls
+only (no sync inside), then one sync; the median over repetitions, in microseconds per call.
+GPU time: CUDA-graph replays timed with events (median), for kreg with device offsets alone and
+with ``cu_seqlens_cpu`` beside them, to show the device-only path launches the same work.
+Writes ``host_time.json`` under ``--out``::
+
+    PYTHONPATH=. python3 benchmarks/kda_host_time.py --out OUT [--calls 200] [--reps 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")  # before fla is imported
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from kreg.compat import fla as kreg_fla  # noqa: E402
+
+K = 128
+BF16 = torch.bfloat16
+# (name, kind, H, sequence lengths): prefill fixed length (B sequences of T), varlen mixed,
+# decode (N sequences of one token)
+CASES = [
+    ("prefill 1x4096 H32", "prefill", 32, [4096]),
+    ("prefill 4x2048 H16", "prefill", 16, [2048] * 4),
+    ("prefill 1x16384 H32", "prefill", 32, [16384]),
+    ("varlen 7 mixed H32", "prefill", 32, [1, 300, 4000, 17, 2000, 64, 1800]),
+    ("varlen 64 short H16", "prefill", 16, [37, 90, 5, 260] * 16),
+    ("decode N1 H4", "decode", 4, [1]),
+    ("decode N16 H16", "decode", 16, [1] * 16),
+    ("decode N64 H32", "decode", 32, [1] * 64),
+    ("decode N256 H32", "decode", 32, [1] * 256),
+    ("decode N512 H64", "decode", 64, [1] * 512),
+]
+
+
+def load_fla():
+    """fla-core 0.6.0's (chunk_kda, fused_recurrent_kda, version), or (None, None, why)."""
+    try:
+        import fla
+        from fla.ops.kda import chunk_kda, fused_recurrent_kda
+    except Exception as e:  # noqa: BLE001 - any import failure means: no fla rows
+        return None, None, f"not importable ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+    return chunk_kda, fused_recurrent_kda, getattr(fla, "__version__", "?")
+
+
+def make(H, lengths, seed=0):
+    """Inputs as an engine holds them: packed [1, T, H, K], raw gate, beta probabilities, the
+    layer's A_log / dt_bias, device offsets, a state pool with a slot per sequence."""
+    T, N = sum(lengths), len(lengths)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=gen, device="cuda")  # noqa: E731
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
+    x = dict(q=rnd(1, T, H, K).to(BF16), k=rnd(1, T, H, K).to(BF16), v=rnd(1, T, H, K).to(BF16),
+             g=rnd(1, T, H, K).to(BF16),
+             beta=torch.rand(1, T, H, generator=gen, device="cuda").to(BF16))  # fmt: skip
+    kw = dict(use_gate_in_kernel=True, A_log=torch.log(torch.rand(H, device="cuda") * 15 + 1),
+              dt_bias=rnd(H * K) * 0.5, use_qk_l2norm_in_kernel=True,
+              initial_state=torch.zeros(N, H, K, K, device="cuda"), output_final_state=True)  # fmt: skip
+    if N > 1 or T > 1:
+        kw["cu_seqlens"] = cu
+    return x, kw
+
+
+def host_us(fn, calls, reps):
+    """Median over ``reps`` of the host microseconds per call of ``calls`` back-to-back calls."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def gpu_us(fn, reps=20):
+    """Median GPU microseconds of one call, replayed from a CUDA graph and timed with events."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times)
+
+
+def run_case(name, kind, H, lengths, fla_fns, calls, reps):
+    x, kw = make(H, lengths)
+    kreg_fn = kreg_fla.chunk_kda if kind == "prefill" else kreg_fla.fused_recurrent_kda
+    row = {"case": name, "kind": kind, "H": H, "N": len(lengths), "T": sum(lengths)}
+    # prefill: fewer calls, so the GPU's launch queue never fills (it would time the GPU)
+    calls = calls if kind == "decode" else max(1, calls // 4)
+    row["kreg host us"] = host_us(lambda: kreg_fn(**x, **kw), calls, reps)
+    fla_fn = fla_fns[0 if kind == "prefill" else 1]
+    if fla_fn is not None:
+        row["fla host us"] = host_us(lambda: fla_fn(**x, **kw), calls, reps)
+    if "cu_seqlens" in kw and kind == "prefill":
+        # the device-only path against the host-offsets one: the same kernels, the same time
+        cpu = kw["cu_seqlens"].cpu()
+        row["kreg gpu us (device offsets)"] = gpu_us(lambda: kreg_fn(**x, **kw))
+        row["kreg gpu us (cu_seqlens_cpu)"] = gpu_us(lambda: kreg_fn(**x, **kw, cu_seqlens_cpu=cpu))
+        hint = max(lengths)
+        row["kreg gpu us (device offsets + max_seqlen)"] = gpu_us(
+            lambda: kreg_fla.chunk_kda(**x, **kw, max_seqlen=hint)
+        )
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "host_time_out"))
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=7)
+    args = ap.parse_args()
+    chunk, recurrent, version = load_fla()
+    if chunk is None:
+        print(f"fla-core {version}: kreg rows only", file=sys.stderr)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "triton": triton.__version__, "fla": version, "calls": args.calls,
+              "reps": args.reps, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "rows": []}  # fmt: skip
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    with torch.no_grad():
+        for case in CASES:
+            row = run_case(*case, (chunk, recurrent), args.calls, args.reps)
+            print(json.dumps(row), flush=True)
+            result["rows"].append(row)
+            result["wall_s"] = time.time() - t0
+            (out / "host_time.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

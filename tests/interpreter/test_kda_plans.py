@@ -1,0 +1,98 @@
+"""The thin host path (``plans``): a key's second call records a plan, later calls replay it.
+
+Under the interpreter the replay launches through ``fn[grid](...)``; the compiled launchers are
+the GPU lane's (``tests/test_kda_hostpath_gpu.py``). What holds here: replays equal the normal
+path bit for bit with fresh outputs, they skip validation and selection, what a replay cannot
+reproduce gets no plan, and a call that differs in anything validated misses the key.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kreg.compat.fla import chunk_kda, fused_recurrent_kda
+from kreg.families.kda import api, plans
+
+FP16 = torch.float16
+_EMPTY, _EMPTY_LIKE = torch.empty, torch.empty_like  # at import: before the lane's NaN fill
+GATE = dict(use_gate_in_kernel=True, A_log=torch.tensor([0.3, -0.5]),
+            dt_bias=torch.linspace(-1, 1, 64), use_qk_l2norm_in_kernel=True)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    """No plans from other tests; torch.empty unpoisoned (the lane's NaN fill is a torch op
+    the recorder would refuse); ``prepared`` counts the normal path's calls."""
+    monkeypatch.setattr(torch, "empty", _EMPTY)
+    monkeypatch.setattr(torch, "empty_like", _EMPTY_LIKE)
+    api.clear_plans()
+    calls = []
+    original = api._prepare
+    monkeypatch.setattr(api, "_prepare", lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setattr(api, "_readable_offsets", lambda cu, cu_cpu: cu_cpu)  # device offsets
+    yield calls
+    api.clear_plans()
+
+
+def inputs(T, H=2, K=32, dtype=FP16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=gen).to(dtype)  # noqa: E731
+    return dict(q=rnd(1, T, H, K), k=rnd(1, T, H, K), v=rnd(1, T, H, K), g=rnd(1, T, H, K),
+                beta=torch.rand(1, T, H, generator=gen).to(dtype))  # fmt: skip
+
+
+def _equal(a, b):
+    for x, y in zip(a, b, strict=True):
+        assert (x is None) == (y is None)
+        if x is not None:
+            torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("fn", ["chunk", "recurrent"])
+def test_replay_equals_the_normal_path(fresh, fn):
+    T = 40 if fn == "chunk" else 3
+    cu = torch.tensor([0, 1, 1, T]) if fn == "chunk" else torch.arange(T + 1)
+    call = chunk_kda if fn == "chunk" else fused_recurrent_kda
+    kw = dict(GATE, cu_seqlens=cu, output_final_state=True)
+    x = inputs(T)
+    first = call(**x, **kw)
+    second = call(**x, **kw)  # recorded
+    assert len(fresh) == 2
+    assert isinstance(next(iter(api._plans.values())), plans.Plan)
+    other = inputs(T, seed=1)  # new values in tensors of the same key
+    replays = [call(**x, **kw), call(**other, **kw)]
+    assert len(fresh) == 2, "a replay ran the normal path"
+    _equal(replays[0], first)
+    _equal(second, first)
+    api.clear_plans()
+    _equal(replays[1], call(**other, **kw))
+    assert replays[0][0].data_ptr() != first[0].data_ptr()  # outputs are fresh tensors
+
+
+def test_what_a_replay_cannot_reproduce_gets_no_plan(fresh):
+    """A head dim served zero-padded copies its inputs per call: no plan, right results."""
+    x = inputs(20, K=20)
+    gate = dict(GATE, dt_bias=torch.zeros(40))
+    outs = [chunk_kda(**x, output_final_state=True, **gate) for _ in range(3)]
+    assert list(api._plans.values()) == [False]
+    assert len(fresh) == 3
+    _equal(outs[2], outs[0])
+
+
+def test_a_call_differing_in_anything_validated_misses(fresh):
+    """After a plan exists, a bad argument of the same shapes still gets its named error (it is
+    another key: the normal path validates it)."""
+    x = inputs(32)
+    for _ in range(3):
+        api.kda_prefill(**x)
+    assert len(fresh) == 2
+    bad = {**x, "k": x["k"].clone().requires_grad_()}
+    with pytest.raises(ValueError, match="^k: requires grad"):
+        api.kda_prefill(**bad)
+    with pytest.raises(ValueError, match="^g: "):
+        api.kda_prefill(**{**x, "g": x["g"][..., :16]})
+    with pytest.raises(ValueError, match="^scale: "):
+        api.kda_prefill(**x, scale=float("nan"))
+    with torch.no_grad():  # grad off: a tensor requiring grad is served (another key)
+        api.kda_prefill(**bad)

@@ -1,0 +1,106 @@
+"""The key of a call's launch plan (``api.plan_key``): what Triton's JIT specialises on and what
+validation reads are in it, so a changed shape, dtype, flag, alignment or contiguity misses, and
+calls whose values are read on the host are not planned. Replays: tests/interpreter/
+test_kda_plans.py (interpreter) and tests/test_kda_hostpath_gpu.py (compiled launchers)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kreg.dispatch import selector
+from kreg.families.kda import api
+
+
+def make(T=32, H=2, K=32, dtype=torch.float16):
+    return dict(q=torch.zeros(1, T, H, K, dtype=dtype), k=torch.zeros(1, T, H, K, dtype=dtype),
+                v=torch.zeros(1, T, H, K, dtype=dtype), g=torch.zeros(1, T, H, K, dtype=dtype),
+                beta=torch.zeros(1, T, H, dtype=dtype))  # fmt: skip
+
+
+def key(x, **options):
+    x = dict(x)
+    tensors = [x.pop(n) for n in ("q", "k", "v", "g", "beta")]
+    return api.plan_key(*tensors, {**x, **options}, ("auto", False, None, True))
+
+
+def test_same_call_same_key():
+    x = make()
+    assert key(x) == key(make()) and key(x) is not None
+
+
+def _misaligned(t):
+    """The same shape and dtype at an address 2 bytes off 16-byte alignment."""
+    buf = torch.zeros(t.numel() + 8, dtype=t.dtype)
+    return buf[1 : 1 + t.numel()].view(t.shape)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda x: {**x, "q": make(T=48)["q"]},  # shape
+        lambda x: {**x, **make(dtype=torch.float32)},  # dtype
+        lambda x: {**x, "g": x["g"].float()},  # g may be fp32: another kernel
+        lambda x: {**x, "k": _misaligned(x["k"])},  # alignment (Triton's divisibility by 16)
+        lambda x: {**x, "v": x["v"].transpose(1, 2).contiguous().transpose(1, 2)},  # strides
+        lambda x: {**x, "beta": x["beta"].clone().requires_grad_()},  # validation refuses it
+        lambda x: {**x, "output_final_state": True},  # a flag
+        lambda x: {**x, "scale": 0.25},  # a value the kernels take
+        lambda x: {**x, "cu_seqlens": torch.tensor([0, 32]).to("meta")},  # varlen
+        lambda x: {**x, "cu_seqlens": torch.tensor([0, 32], dtype=torch.int32).to("meta")},
+        lambda x: {**x, "cu_seqlens": torch.tensor([0, 5, 32]).to("meta")},  # N
+        lambda x: {**x, "cu_seqlens": torch.tensor([0, 32]).to("meta"), "max_seqlen": 32},
+    ],
+    ids=[
+        "shape",
+        "dtype",
+        "g_dtype",
+        "alignment",
+        "strides",
+        "grad",
+        "flag",
+        "scale",
+        "varlen",
+        "int32_offsets",
+        "num_seqs",
+        "max_seqlen",
+    ],  # fmt: skip
+)
+def test_a_change_misses(change):
+    x = make()
+    assert key(change(x)) != key(x)
+
+
+def test_grad_mode_and_selection_generation_are_in_the_key():
+    x = make()
+    with torch.no_grad():
+        off = key(x)
+    assert off != key(x)
+    before = key(x)
+    selector.clear_cache()
+    assert key(x) != before
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(cu_seqlens=torch.tensor([0, 32])),  # CPU offsets: validated on the host
+        dict(cu_seqlens=torch.tensor([0, 32]).to("meta"), cu_seqlens_cpu=torch.tensor([0, 32])),
+        dict(scale=torch.tensor(0.5)),  # a 0-d tensor's value is read
+        dict(initial_state_indices=torch.tensor([0])),  # host slots: validated on the host
+    ],
+    ids=["cpu_offsets", "cu_seqlens_cpu", "scale_tensor", "host_slots"],
+)
+def test_calls_with_host_values_are_not_planned(options):
+    assert key(make(), **options) is None
+
+
+def test_a_non_tensor_input_is_not_planned():
+    assert key({**make(), "q": [[0.0]]}) is None
+
+
+def test_an_unhashable_option_takes_the_normal_path(monkeypatch):
+    """A list where a tensor goes makes the key unhashable: the normal path names the argument."""
+    monkeypatch.setattr(api, "interpreting", lambda: True)
+    with pytest.raises(ValueError, match="^A_log: "):
+        api.kda_prefill(**make(), gate_activation="softplus", A_log=[0.0])
