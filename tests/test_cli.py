@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -322,26 +323,93 @@ def test_list_json_docs_path_resolves(capsys):
     assert kda["docs"].endswith(kda["docs_repo_path"])
 
 
-def test_ctrl_c_swallowed_by_native_code_still_exits_130(capsys, monkeypatch):
-    """Triton's native binder once caught a KeyboardInterrupt that landed in a lazy import (the
-    build ran on and exited 0): a Ctrl-C the command never sees still ends in exit 130."""
+def _raises_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+@pytest.fixture
+def sigint_handler(request):
+    """SIGINT set to ``request.param`` for the test, whatever this process started with (a
+    background job starts with SIGINT ignored), and put back after."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, request.param)
+    yield request.param
+    signal.signal(signal.SIGINT, before)
+
+
+def _swallowing(args):
     import os
     import signal
 
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+    except KeyboardInterrupt:
+        pass  # what the native code did
+    print("finished anyway")
+    return 0
+
+
+@pytest.mark.parametrize(
+    "sigint_handler",
+    [signal.default_int_handler, _raises_keyboard_interrupt],
+    indirect=True,
+    ids=["python's", "the caller's"],
+)
+def test_ctrl_c_swallowed_by_native_code_still_exits_130(capsys, monkeypatch, sigint_handler):
+    """Triton's native binder once caught a KeyboardInterrupt that landed in a lazy import (the
+    build ran on and exited 0): a Ctrl-C the command never sees still ends in exit 130, and the
+    handler installed before the call is back after it."""
     from kreg.cli import list_cmd
 
-    def swallowing(args):
-        try:
-            os.kill(os.getpid(), signal.SIGINT)
-        except KeyboardInterrupt:
-            pass  # what the native code did
-        print("finished anyway")
-        return 0
-
-    monkeypatch.setattr(list_cmd, "run", swallowing)
+    monkeypatch.setattr(list_cmd, "run", _swallowing)
     assert main(["list"]) == 130
     assert capsys.readouterr().err == "kreg: interrupted\n"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert signal.getsignal(signal.SIGINT) is sigint_handler  # restored
+
+
+@pytest.mark.parametrize("sigint_handler", [signal.SIG_IGN], indirect=True, ids=["ignored"])
+def test_ctrl_c_ignored_by_the_caller_stays_ignored(capsys, monkeypatch, sigint_handler):
+    """Started with SIGINT ignored (``nohup``, ``cmd &`` in a script), the command runs to its
+    end through a SIGINT, as the caller asked."""
+    from kreg.cli import list_cmd
+
+    monkeypatch.setattr(list_cmd, "run", _swallowing)
+    assert main(["list"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "finished anyway\n" and err == ""
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+_SIGINT_MIDWAY = """
+import os, signal, sys
+from kreg.cli import list_cmd, main
+run = list_cmd.run
+def interrupted_run(args):
+    os.kill(os.getpid(), signal.SIGINT)
+    return run(args)
+list_cmd.run = interrupted_run
+sys.exit(main(["list"]))
+"""
+
+
+@pytest.mark.parametrize("disposition, code", [("SIG_IGN", 0), ("SIG_DFL", 130)])
+def test_the_cli_started_with_sigint_ignored_or_not(plugin_env, tmp_path, disposition, code):
+    """The CLI in a process of its own, started as a background job starts it (SIGINT ignored:
+    a SIGINT midway changes nothing) or as a terminal does (exit 130, one line), from a
+    directory that is not the checkout."""
+
+    def start():
+        signal.signal(signal.SIGINT, getattr(signal, disposition))
+
+    r = subprocess.run([sys.executable, "-c", _SIGINT_MIDWAY], capture_output=True, text=True,
+                       env=plugin_env.env(KREG_PLUGINS="none"), preexec_fn=start, timeout=120,
+                       cwd=tmp_path)  # fmt: skip
+    assert r.returncode == code, r.stderr
+    if code == 0:
+        assert r.stderr == "" and "\nFamilies\n" in "\n" + r.stdout
+    else:
+        assert r.stderr == "kreg: interrupted\n" and r.stdout == ""
 
 
 def test_golden_update_of_some_cases_keeps_the_others(testfam, capsys, monkeypatch, tmp_path):
