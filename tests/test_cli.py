@@ -80,12 +80,81 @@ def test_explain_is_deterministic(kreg):
 
 
 def test_explain_text(kreg):
-    r = kreg("explain", "testfam", "dtype=fp32", "--target", "gfx950", "--allow-opt-in")
+    """A sentence first (which candidate, how its spec was chosen, why not the others), then
+    the table; the ranking detail and the trace with --verbose."""
+    args = ("explain", "testfam", "dtype=fp32", "--target", "gfx950", "--allow-opt-in")
+    r = kreg(*args)
     assert r.returncode == 0, r.stderr
-    lines = r.stdout.splitlines()
-    assert lines[3] == "selected    testfam.fast"
+    first, table = r.stdout.split("\n\n")[:2]
+    assert first == (
+        "testfam.fast serves this problem on gfx950. Nothing was timed for this case on gfx950, so "
+        "a rough\nestimate (not a measurement) ranks its spec the cheapest of the 7 valid ones. "
+        "testfam.simple could\nserve it too, at a lower priority."
+    )
+    assert "selected   testfam.fast" in table.splitlines()
+    assert "decided by" not in r.stdout and "Trace" not in r.stdout
+    r = kreg(*args, "--verbose")
+    assert r.stdout.startswith(first + "\n\n")
+    assert "\ndecided by  heuristic cost " in r.stdout
     assert "candidate       stage    ok  reason" in r.stdout
     assert "testfam.simple  ranked   no  outranked by testfam.fast (priority 0 < 10)" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        ([], r"Its spec is the tuning table's entry for this shape class, chosen from GPU timings"),
+        (
+            ["B=2", "T=4096", "H=16"],
+            r"A cost model fitted to GPU timings \(.+, \d{4}-\d\d-\d\d\) predicts its spec to be "
+            r"the fastest of the \d+ it models \([\d.]+ ms\)",
+        ),
+        (["--target", "gfx950"], r"Nothing was timed for this case on gfx950, so a rough estimate "
+                                 r"\(not a measurement\) ranks its spec the cheapest of the \d+ "
+                                 r"valid ones"),
+        (["--target", "gfx942", "K=256"], r"^kda.recurrent serves this problem on gfx942\. .*"
+                                          r"kda.split cannot serve it \(--verbose says why\)"),
+    ],
+)  # fmt: skip
+def test_explain_says_how_kda_was_chosen_in_words(capsys, argv, words):
+    """Each way the ranker chooses a spec (tuning table, cost model, heuristic) reads as a
+    sentence: the wording follows kreg/dispatch/ranker.py's decided_by texts."""
+    import re
+
+    if "--target" not in argv:
+        argv = ["--target", "sm90", *argv]
+    assert main(["explain", "kda", *argv, "--json"]) == 0
+    text = json.loads(capsys.readouterr().out)["summary"]
+    assert re.search(words, text, re.S), text
+    assert "chosen by:" not in text  # the fallback for a decided_by it does not know
+
+
+@pytest.mark.parametrize("command", ["explain", "build"])
+def test_help_lists_the_problem_options(testfam, capsys, monkeypatch, command):
+    """`kreg explain --help` names every family's problem options with their short forms and
+    defaults; key=value is optional in the usage line."""
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    usage = text.split("\n\n")[0]
+    assert " [key=value ...]" in usage
+    rows = [
+        line.split(None, 2) for line in text.split("problem options, key=value")[1].splitlines()
+    ]
+    for row in (
+        ["batch", "B", "1"],
+        ["seq_len", "T", "2048"],
+        ["heads_qk", "H", "32"],
+        ["heads_v", "HV", "same as heads_qk"],
+        ["head_dim_k", "K", "128"],
+        ["head_dim_v", "V", "same as head_dim_k"],
+        ["gate_lower_bound", "lower_bound", "none"],
+        ["n", "4096"],  # testfam's: no short forms, its own defaults
+    ):
+        assert row in rows, row
+    assert ["dtype", "bf16"] in rows and ["dtype", "fp32"] in rows
+    assert "  kda (LinearAttentionProblem)" in text and "  testfam (VecProblem)" in text
 
 
 def test_build_resources(kreg):
@@ -119,6 +188,11 @@ def test_build_stage(kreg):
         (["explain", "testfam", "--target", "sm90", "n=0"], "no candidate serves"),
         (["explain", "testfam", "--target", "sm90", "--algorithm", "x"], "unknown algorithm 'x'"),
         (["explain", "testfam"], "the following arguments are required: --target"),
+        # key=value is optional: only the family is missing
+        (["explain", "--target", "sm90"], "the following arguments are required: family\n"),
+        # the known options name their short forms
+        (["explain", "kda", "--target", "sm90", "L=1"], "known: batch (B), beta_sigmoid, "),
+        (["build", "kda", "--target", "sm90", "L=1"], "heads_v (HV), initial_state"),
         (["explain", "testfam", "--target", "sm90", "--nope"], "unrecognized arguments: --nope"),
         (["build", "nope", "--target", "sm90"], "unknown candidate or family 'nope'"),
         (["build", "testfam.fast", "--target", "gfx942"], "does not support gfx942"),

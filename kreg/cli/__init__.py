@@ -31,6 +31,11 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise CliError(message)
 
+    def format_help(self):
+        if callable(self.epilog):  # computed when asked for: it may load the registry
+            self.epilog = self.epilog()
+        return super().format_help()
+
 
 def version() -> str:
     """``kreg X (Triton Y, Python Z)``, from the installed distributions' metadata."""

@@ -12,6 +12,7 @@ arguments); without a problem, the family's representative ones (what the golden
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from ._util import (
@@ -23,6 +24,7 @@ from ._util import (
     override_spec,
     parse_assignments,
     problem_from_options,
+    problem_options_help,
     registry,
     short_repr,
     table,
@@ -32,9 +34,14 @@ STAGES = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
 
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("build", help="compile a candidate's kernels for a target")
+    p = subparsers.add_parser(
+        "build",
+        help="compile a candidate's kernels for a target",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=problem_options_help,
+    )
     p.add_argument("candidate", help="candidate name (e.g. kda.split) or family name")
-    p.add_argument("options", nargs="*", metavar="key=value",
+    p.add_argument("options", nargs="*", default=[], metavar="key=value",
                    help="problem options, as kreg explain takes them (default: the family's "
                         "default problem)")  # fmt: skip
     p.add_argument("--target", required=True, help="target name, e.g. sm90")
