@@ -161,6 +161,12 @@ def test_build_resources(kreg):
     for target in ("sm90", "gfx950"):
         r = kreg("build", "testfam", "--target", target)
         assert r.returncode == 0, r.stderr
+        assert " ".join(r.stdout.split("\n\n")[0].split()) == (
+            f"Compiled testfam.simple's kernels for {target} with the spec kreg selects for the "
+            "family's default problem (below). Its spec is the first valid one: the family ranks "
+            "its specs by no cost."
+        )
+        assert "spills:" not in r.stdout  # none spill: nothing to explain
         assert "candidate  testfam.simple" in r.stdout
         assert "kernel  function  shared_bytes  registers  spills  num_warps" in r.stdout
         assert r.stdout.splitlines()[-1].split()[0] == "scale2"
@@ -169,6 +175,26 @@ def test_build_resources(kreg):
     assert data["spec"] == {"tile": {"block": 1024, "warps": 4}, "dtype": "fp32"}
     [kernel] = data["kernels"]
     assert kernel["num_warps"] == 4 and kernel["registers"] > 0 and kernel["spills"] == 0
+
+
+@pytest.mark.parametrize(
+    "target, decided_by, unit, verdict",
+    [
+        ("sm90", "tuning table entry {...}", "bytes", "chosen from GPU timings, spills included"),
+        ("sm90", "cost model m.json (...)", "bytes", "chosen from GPU timings, spills included"),
+        ("gfx950", "heuristic cost 3", "registers", "Nothing here was timed on gfx950"),
+        ("sm90", None, "bytes", "Nothing here was timed on sm90"),  # --spec, or no problem
+    ],
+)
+def test_build_says_whether_its_spills_matter(target, decided_by, unit, verdict):
+    """A spill count comes with what it is, in the backend's unit, the build's own numbers, and
+    whether the spec's choice was timed with them."""
+    from kreg.cli import _util, build_cmd
+
+    note = build_cmd.spill_note([("a", 12), ("b", 3)], _util.get_target(target), decided_by)
+    assert note.startswith(f"spills: {unit} per thread spilled to local memory")
+    assert "(a 12, b 3)" in note and "small counts elsewhere are harmless" in note
+    assert verdict in note
 
 
 def test_build_stage(kreg):
