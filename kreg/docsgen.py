@@ -246,7 +246,7 @@ def dispatch_block(registry, family: Family, explain: Callable[[list[str]], str]
             f"| {target.name} | `{sel.candidate.name}` | `{_md(_spec_text(sel.spec))}` | "
             f"{_md(sel.decided_by)} |"
         )
-    command = ["explain", family.name, "--target", EXPLAIN_TARGET]
+    command = ["explain", family.name, "--target", EXPLAIN_TARGET, "--verbose"]
     return (
         f"For the family's default problem (`{family.problem_type.__name__}.from_options("
         f"{dict(family.default_options)})`):\n\n"

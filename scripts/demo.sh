@@ -5,7 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
 
-step() { printf '\n\033[1m$ %s\033[0m\n' "$*"; "$@"; }
+# each command in bold on a terminal; plain where the output is a pipe or a log
+if [ -t 1 ]; then bold=$'\033[1m' plain=$'\033[0m'; else bold='' plain=''; fi
+step() { printf '\n%s$ %s%s\n' "$bold" "$*" "$plain"; "$@"; }
 
 step kreg list
 step kreg explain kda --target sm90 B=2 T=4096 H=16

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -79,18 +80,93 @@ def test_explain_is_deterministic(kreg):
 
 
 def test_explain_text(kreg):
-    r = kreg("explain", "testfam", "dtype=fp32", "--target", "gfx950", "--allow-opt-in")
+    """A sentence first (which candidate, how its spec was chosen, why not the others), then
+    the table; the ranking detail and the trace with --verbose."""
+    args = ("explain", "testfam", "dtype=fp32", "--target", "gfx950", "--allow-opt-in")
+    r = kreg(*args)
     assert r.returncode == 0, r.stderr
-    lines = r.stdout.splitlines()
-    assert lines[3] == "selected    testfam.fast"
+    first, table = r.stdout.split("\n\n")[:2]
+    assert first == (
+        "testfam.fast serves this problem on gfx950. Nothing was timed for this case on gfx950, so "
+        "a rough\nestimate (not a measurement) ranks its spec the cheapest of the 7 valid ones. "
+        "testfam.simple could\nserve it too, at a lower priority."
+    )
+    assert "selected   testfam.fast" in table.splitlines()
+    assert "decided by" not in r.stdout and "Trace" not in r.stdout
+    r = kreg(*args, "--verbose")
+    assert r.stdout.startswith(first + "\n\n")
+    assert "\ndecided by  heuristic cost " in r.stdout
     assert "candidate       stage    ok  reason" in r.stdout
     assert "testfam.simple  ranked   no  outranked by testfam.fast (priority 0 < 10)" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        ([], r"Its spec is the tuning table's entry for this shape class, chosen from GPU timings"),
+        (
+            ["B=2", "T=4096", "H=16"],
+            r"A cost model fitted to GPU timings \(.+, \d{4}-\d\d-\d\d\) predicts its spec to be "
+            r"the fastest of the \d+ it models \([\d.]+ ms\)",
+        ),
+        (["--target", "gfx950"], r"Nothing was timed for this case on gfx950, so a rough estimate "
+                                 r"\(not a measurement\) ranks its spec the cheapest of the \d+ "
+                                 r"valid ones"),
+        (["--target", "gfx942", "K=256"], r"^kda.recurrent serves this problem on gfx942\. .*"
+                                          r"kda.split cannot serve it \(--verbose says why\)"),
+    ],
+)  # fmt: skip
+def test_explain_says_how_kda_was_chosen_in_words(capsys, argv, words):
+    """Each way the ranker chooses a spec (tuning table, cost model, heuristic) reads as a
+    sentence: the wording follows kreg/dispatch/ranker.py's decided_by texts."""
+    import re
+
+    if "--target" not in argv:
+        argv = ["--target", "sm90", *argv]
+    assert main(["explain", "kda", *argv, "--json"]) == 0
+    text = json.loads(capsys.readouterr().out)["summary"]
+    assert re.search(words, text, re.S), text
+    assert "chosen by:" not in text  # the fallback for a decided_by it does not know
+
+
+@pytest.mark.parametrize("command", ["explain", "build"])
+def test_help_lists_the_problem_options(testfam, capsys, monkeypatch, command):
+    """`kreg explain --help` names every family's problem options with their short forms and
+    defaults; key=value is optional in the usage line."""
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    usage = text.split("\n\n")[0]
+    assert " [key=value ...]" in usage
+    rows = [
+        line.split(None, 2) for line in text.split("problem options, key=value")[1].splitlines()
+    ]
+    for row in (
+        ["batch", "B", "1"],
+        ["seq_len", "T", "2048"],
+        ["heads_qk", "H", "32"],
+        ["heads_v", "HV", "same as heads_qk"],
+        ["head_dim_k", "K", "128"],
+        ["head_dim_v", "V", "same as head_dim_k"],
+        ["gate_lower_bound", "lower_bound", "none"],
+        ["n", "4096"],  # testfam's: no short forms, its own defaults
+    ):
+        assert row in rows, row
+    assert ["dtype", "bf16"] in rows and ["dtype", "fp32"] in rows
+    assert "  kda (LinearAttentionProblem)" in text and "  testfam (VecProblem)" in text
 
 
 def test_build_resources(kreg):
     for target in ("sm90", "gfx950"):
         r = kreg("build", "testfam", "--target", target)
         assert r.returncode == 0, r.stderr
+        assert " ".join(r.stdout.split("\n\n")[0].split()) == (
+            f"Compiled testfam.simple's kernels for {target} with the spec kreg selects for the "
+            "family's default problem (below). Its spec is the first valid one: the family ranks "
+            "its specs by no cost."
+        )
+        assert "spills:" not in r.stdout  # none spill: nothing to explain
         assert "candidate  testfam.simple" in r.stdout
         assert "kernel  function  shared_bytes  registers  spills  num_warps" in r.stdout
         assert r.stdout.splitlines()[-1].split()[0] == "scale2"
@@ -99,6 +175,26 @@ def test_build_resources(kreg):
     assert data["spec"] == {"tile": {"block": 1024, "warps": 4}, "dtype": "fp32"}
     [kernel] = data["kernels"]
     assert kernel["num_warps"] == 4 and kernel["registers"] > 0 and kernel["spills"] == 0
+
+
+@pytest.mark.parametrize(
+    "target, decided_by, unit, verdict",
+    [
+        ("sm90", "tuning table entry {...}", "bytes", "chosen from GPU timings, spills included"),
+        ("sm90", "cost model m.json (...)", "bytes", "chosen from GPU timings, spills included"),
+        ("gfx950", "heuristic cost 3", "registers", "Nothing here was timed on gfx950"),
+        ("sm90", None, "bytes", "Nothing here was timed on sm90"),  # --spec, or no problem
+    ],
+)
+def test_build_says_whether_its_spills_matter(target, decided_by, unit, verdict):
+    """A spill count comes with what it is, in the backend's unit, the build's own numbers, and
+    whether the spec's choice was timed with them."""
+    from kreg.cli import _util, build_cmd
+
+    note = build_cmd.spill_note([("a", 12), ("b", 3)], _util.get_target(target), decided_by)
+    assert note.startswith(f"spills: {unit} per thread spilled to local memory")
+    assert "(a 12, b 3)" in note and "small counts elsewhere are harmless" in note
+    assert verdict in note
 
 
 def test_build_stage(kreg):
@@ -118,6 +214,11 @@ def test_build_stage(kreg):
         (["explain", "testfam", "--target", "sm90", "n=0"], "no candidate serves"),
         (["explain", "testfam", "--target", "sm90", "--algorithm", "x"], "unknown algorithm 'x'"),
         (["explain", "testfam"], "the following arguments are required: --target"),
+        # key=value is optional: only the family is missing
+        (["explain", "--target", "sm90"], "the following arguments are required: family\n"),
+        # the known options name their short forms
+        (["explain", "kda", "--target", "sm90", "L=1"], "known: batch (B), beta_sigmoid, "),
+        (["build", "kda", "--target", "sm90", "L=1"], "heads_v (HV), initial_state"),
         (["explain", "testfam", "--target", "sm90", "--nope"], "unrecognized arguments: --nope"),
         (["build", "nope", "--target", "sm90"], "unknown candidate or family 'nope'"),
         (["build", "testfam.fast", "--target", "gfx942"], "does not support gfx942"),
@@ -321,26 +422,93 @@ def test_list_json_docs_path_resolves(capsys):
     assert kda["docs"].endswith(kda["docs_repo_path"])
 
 
-def test_ctrl_c_swallowed_by_native_code_still_exits_130(capsys, monkeypatch):
-    """Triton's native binder once caught a KeyboardInterrupt that landed in a lazy import (the
-    build ran on and exited 0): a Ctrl-C the command never sees still ends in exit 130."""
+def _raises_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+@pytest.fixture
+def sigint_handler(request):
+    """SIGINT set to ``request.param`` for the test, whatever this process started with (a
+    background job starts with SIGINT ignored), and put back after."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, request.param)
+    yield request.param
+    signal.signal(signal.SIGINT, before)
+
+
+def _swallowing(args):
     import os
     import signal
 
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+    except KeyboardInterrupt:
+        pass  # what the native code did
+    print("finished anyway")
+    return 0
+
+
+@pytest.mark.parametrize(
+    "sigint_handler",
+    [signal.default_int_handler, _raises_keyboard_interrupt],
+    indirect=True,
+    ids=["python's", "the caller's"],
+)
+def test_ctrl_c_swallowed_by_native_code_still_exits_130(capsys, monkeypatch, sigint_handler):
+    """Triton's native binder once caught a KeyboardInterrupt that landed in a lazy import (the
+    build ran on and exited 0): a Ctrl-C the command never sees still ends in exit 130, and the
+    handler installed before the call is back after it."""
     from kreg.cli import list_cmd
 
-    def swallowing(args):
-        try:
-            os.kill(os.getpid(), signal.SIGINT)
-        except KeyboardInterrupt:
-            pass  # what the native code did
-        print("finished anyway")
-        return 0
-
-    monkeypatch.setattr(list_cmd, "run", swallowing)
+    monkeypatch.setattr(list_cmd, "run", _swallowing)
     assert main(["list"]) == 130
     assert capsys.readouterr().err == "kreg: interrupted\n"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert signal.getsignal(signal.SIGINT) is sigint_handler  # restored
+
+
+@pytest.mark.parametrize("sigint_handler", [signal.SIG_IGN], indirect=True, ids=["ignored"])
+def test_ctrl_c_ignored_by_the_caller_stays_ignored(capsys, monkeypatch, sigint_handler):
+    """Started with SIGINT ignored (``nohup``, ``cmd &`` in a script), the command runs to its
+    end through a SIGINT, as the caller asked."""
+    from kreg.cli import list_cmd
+
+    monkeypatch.setattr(list_cmd, "run", _swallowing)
+    assert main(["list"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "finished anyway\n" and err == ""
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+_SIGINT_MIDWAY = """
+import os, signal, sys
+from kreg.cli import list_cmd, main
+run = list_cmd.run
+def interrupted_run(args):
+    os.kill(os.getpid(), signal.SIGINT)
+    return run(args)
+list_cmd.run = interrupted_run
+sys.exit(main(["list"]))
+"""
+
+
+@pytest.mark.parametrize("disposition, code", [("SIG_IGN", 0), ("SIG_DFL", 130)])
+def test_the_cli_started_with_sigint_ignored_or_not(plugin_env, tmp_path, disposition, code):
+    """The CLI in a process of its own, started as a background job starts it (SIGINT ignored:
+    a SIGINT midway changes nothing) or as a terminal does (exit 130, one line), from a
+    directory that is not the checkout."""
+
+    def start():
+        signal.signal(signal.SIGINT, getattr(signal, disposition))
+
+    r = subprocess.run([sys.executable, "-c", _SIGINT_MIDWAY], capture_output=True, text=True,
+                       env=plugin_env.env(KREG_PLUGINS="none"), preexec_fn=start, timeout=120,
+                       cwd=tmp_path)  # fmt: skip
+    assert r.returncode == code, r.stderr
+    if code == 0:
+        assert r.stderr == "" and "\nFamilies\n" in "\n" + r.stdout
+    else:
+        assert r.stderr == "kreg: interrupted\n" and r.stdout == ""
 
 
 def test_golden_update_of_some_cases_keeps_the_others(testfam, capsys, monkeypatch, tmp_path):

@@ -20,6 +20,7 @@ COMMANDS = {
     "list": ["list"],
     "explain_sm90": ["explain", "kda", "--target", "sm90"],
     "explain_gfx950": ["explain", "kda", "--target", "gfx950"],
+    "explain_sm90_verbose": ["explain", "kda", "--target", "sm90", "B=2", "T=4096", "--verbose"],
     "explain_gfx942_fused": ["explain", "kda", "--target", "gfx942", "--algorithm", "fused",
                              "--allow-opt-in", "K=64"],
     "explain_every_option": ["explain", "kda", "--target", "sm90", "K=100", "V=12", "HV=64",

@@ -324,7 +324,7 @@ def test_explain_shows_the_bucket_of_the_longest_sequence(capsys, heuristic_only
     text = capsys.readouterr().out
     assert "max_seqlen=30000" in text
     bucket = "{'dtype': 'bf16', 'head_dim': 128, 'seqs_x_heads': 256, 'tokens_per_seq': 32768}"
-    assert f"\nbucket      {bucket}\n" in text
+    assert ["bucket", bucket] in [line.split(None, 1) for line in text.splitlines()]
     assert main(["explain", "kda", "--target", "sm90", *options, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["bucket"]["tokens_per_seq"] == 32768

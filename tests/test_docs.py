@@ -41,7 +41,7 @@ def test_family_page_content(reg):
         "`KdaTileSpec`", "`KdaScanSpec`", "`KdaChunkFusedSpec`", "`min_occupancy`",
         "fits the hardware but leaves the latency-bound scan one program per unit",  # a rule
         "KDA gates are per-channel",  # a problem rule
-        "The evidence, `kreg explain kda --target sm90`:",
+        "The evidence, `kreg explain kda --target sm90 --verbose`:",
         "kda_prefill(", "../kda/ALGORITHM.md", "../kda/CASE_STUDY.md", "../kda/RESULTS.md",
     ]:  # fmt: skip
         assert want in text, want

@@ -317,7 +317,7 @@ def test_explain_names_the_model_entry(synth, model_file, capsys):
         opts += [f"gate_activation={p.gate_activation}", "qk_l2norm=true", "beta_sigmoid=true",
                  "initial_state=true"]  # fmt: skip
     opts.append("output_final_state=true")
-    assert main(["explain", "kda", "--target", SM90, *opts]) == 0
+    assert main(["explain", "kda", "--target", SM90, *opts, "--verbose"]) == 0
     out = capsys.readouterr().out
     assert "cost model kda_model.json" in out and "predicted" in out and "role c" in out
 

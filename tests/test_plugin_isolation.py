@@ -214,14 +214,14 @@ def test_foreign_family_never_takes_over_kda(plugin_env, monkeypatch, capsys):
     assert [s.candidate.name for s in seen] == ["kda.split", "kda.split"]
     monkeypatch.delenv("TRITON_INTERPRET")
 
-    assert main(["explain", "kda", "--target", "sm90"]) == 0
+    assert main(["explain", "kda", "--target", "sm90", "--verbose"]) == 0
     out, _ = capsys.readouterr()
     assert "selected    kda.split" in out.splitlines()
     assert main(["explain", "kda", "--target", "sm90", "--json"]) == 0
     data = json.loads(capsys.readouterr()[0])
     assert data["selected"]["candidate"] == "kda.split"
     assert not any(e["candidate"].startswith("evil.") for e in data["trace"])
-    assert main(["explain", "evil", "--target", "sm90"]) == 0
+    assert main(["explain", "evil", "--target", "sm90", "--verbose"]) == 0
     assert "selected    evil.split" in capsys.readouterr()[0].splitlines()
 
 
@@ -386,7 +386,7 @@ def test_a_family_on_a_shared_problem_type_states_its_default_problem(plugin_env
     plugin_env.install("evil", "kreg_t_scalar", SCALAR)
     reg = plugin_env.registry()
     assert reg.broken == [] and reg.families["evil"].problem().gate == "scalar"
-    assert main(["explain", "evil", "--target", "sm90"]) == 0  # its default problem
+    assert main(["explain", "evil", "--target", "sm90", "--verbose"]) == 0  # its default problem
     assert "selected    evil.split" in capsys.readouterr()[0].splitlines()
     assert main(["explain", "evil", "--target", "sm90", "gate=per_channel"]) == 2
     capsys.readouterr()

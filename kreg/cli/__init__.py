@@ -3,7 +3,8 @@
 
 User mistakes (unknown names, bad values, nothing to select, a path that is missing or not a
 file) print one ``kreg: error: ...`` line to stderr and exit 2; Ctrl-C prints ``kreg:
-interrupted`` and exits 130 (128 + SIGINT), without a traceback.
+interrupted`` and exits 130 (128 + SIGINT), without a traceback, unless the process was
+started with SIGINT ignored, which it then keeps ignoring.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ SUBCOMMANDS = (
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise CliError(message)
+
+    def format_help(self):
+        if callable(self.epilog):  # computed when asked for: it may load the registry
+            self.epilog = self.epilog()
+        return super().format_help()
 
 
 def version() -> str:
@@ -77,8 +83,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _set_sigint(handler):
+    """Install ``handler`` for SIGINT and return the one it replaces (None: nothing changed)."""
     import signal
 
+    # a process started with SIGINT ignored (`nohup`, `cmd &` in a script, many CI runners)
+    # asked not to be interrupted: it stays so, as Python itself leaves it
+    if handler is None or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return None
     try:
         return signal.signal(signal.SIGINT, handler)
     except ValueError:  # not the main thread: leave signals alone

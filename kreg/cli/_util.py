@@ -73,6 +73,70 @@ def problem_from_options(family, options: dict[str, str]):
         raise CliError(f"bad problem options for {family.name}: {e}") from e
 
 
+def spec_choice_in_words(decided_by: str, target: str) -> str:
+    """How the ranker chose a spec (``Selection.decided_by``, kreg/dispatch/ranker.py), as a
+    sentence for someone who has not read the code; the detail stays in ``decided_by``."""
+    import re
+
+    if decided_by.startswith("tuning table entry"):
+        return "Its spec is the tuning table's entry for this shape class, chosen from GPU timings."
+    if decided_by.startswith("cost model"):
+        where = re.search(r"; ([^;]+?), (\d{4}-\d\d-\d\d), triton", decided_by)
+        ms = re.search(r"predicted ([\d.e+-]+) ms, lowest of (\d+) modelled", decided_by)
+        return (f"A cost model fitted to GPU timings{f' ({where[1]}, {where[2]})' if where else ''}"
+                f" predicts its spec to be the fastest"
+                f"{f' of the {ms[2]} it models ({ms[1]} ms)' if ms else ''}.")  # fmt: skip
+    if decided_by.startswith("heuristic cost"):
+        n = re.search(r"lowest of (\d+) valid", decided_by)
+        return (f"Nothing was timed for this case on {target}, so a rough estimate (not a "
+                f"measurement) ranks its spec the cheapest{f' of the {n[1]} valid ones' if n else ''}.")  # fmt: skip
+    if decided_by.startswith("priority"):
+        return "Its spec is the first valid one: the family ranks its specs by no cost."
+    return f"Its spec was chosen by: {decided_by}."
+
+
+def problem_options_help() -> str:
+    """Every family's ``key=value`` problem options with their short forms and defaults (the
+    epilog of ``explain --help`` and ``build --help``), read from the problem type:
+    ``OPTION_ALIASES`` (short form -> field), ``OPTION_DEFAULTS`` and ``OPTION_FOLLOWS`` (field
+    -> the field it defaults to) where it has them, then its attrs defaults; a family's own
+    ``default_options`` come first."""
+    parts = ["problem options, key=value (or its short form):"]
+    for family in registry().families.values():
+        cls = family.problem_type
+        if not attrs.has(cls):
+            parts.append(f"  {family.name}: {cls.__name__} (see its from_options)")
+            continue
+        short: dict[str, list[str]] = {}
+        for alias, name in getattr(cls, "OPTION_ALIASES", {}).items():
+            short.setdefault(name, []).append(alias)
+        own = dict(family.default_options)
+        defaults = getattr(cls, "OPTION_DEFAULTS", {})
+        follows = getattr(cls, "OPTION_FOLLOWS", {})
+        rows = []
+        for name, field in attrs.fields_dict(cls).items():
+            if name in own:
+                default = own[name]
+            elif name in follows:
+                default = f"same as {follows[name]}"
+            elif name in defaults:
+                default = _option_text(defaults[name])
+            elif field.default is not attrs.NOTHING:
+                default = _option_text(field.default)
+            else:
+                default = "(required)"
+            rows.append([name, ", ".join(short.get(name, [])), default])
+        parts.append(f"  {family.name} ({cls.__name__})")
+        parts.append(table(rows, ["option", "short", "default"], "    "))
+    return "\n".join(parts)
+
+
+def _option_text(value: Any) -> str:
+    return (
+        "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    )
+
+
 def override_spec(spec: Any, assignments: dict[str, str]) -> Any:
     """``spec`` with fields replaced (``tile.chunk=32`` for nested specs), values converted to
     the type of the field's current value."""

@@ -12,6 +12,7 @@ arguments); without a problem, the family's representative ones (what the golden
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from ._util import (
@@ -23,18 +24,26 @@ from ._util import (
     override_spec,
     parse_assignments,
     problem_from_options,
+    problem_options_help,
     registry,
     short_repr,
+    spec_choice_in_words,
     table,
+    wrap,
 )
 
 STAGES = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
 
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("build", help="compile a candidate's kernels for a target")
+    p = subparsers.add_parser(
+        "build",
+        help="compile a candidate's kernels for a target",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=problem_options_help,
+    )
     p.add_argument("candidate", help="candidate name (e.g. kda.split) or family name")
-    p.add_argument("options", nargs="*", metavar="key=value",
+    p.add_argument("options", nargs="*", default=[], metavar="key=value",
                    help="problem options, as kreg explain takes them (default: the family's "
                         "default problem)")  # fmt: skip
     p.add_argument("--target", required=True, help="target name, e.g. sm90")
@@ -47,7 +56,7 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     target = get_target(args.target)
-    candidate, spec, how, problem = resolve(
+    candidate, spec, how, problem, decided_by = resolve(
         args.candidate, target, parse_assignments(args.options, "problem option")
     )
     if args.spec:
@@ -59,7 +68,7 @@ def run(args) -> int:
             ):
                 raise CliError(f"{e} (problem options key=value go before --spec)") from e
             raise
-        how = "with overrides " + " ".join(args.spec)
+        how, decided_by = "with overrides " + " ".join(args.spec), None
     check_spec(candidate, spec, target, args.spec)
     builders = dict(candidate.builders)
     if args.kernel is not None:
@@ -117,14 +126,49 @@ def run(args) -> int:
         return 0
     head = [["candidate", candidate.name], ["target", target.name], ["spec", short_repr(spec)],
             ["chosen", how]]  # fmt: skip
+    print(wrap(in_words(candidate, target, problem, decided_by, args)) + "\n")
     print(table(head, ["", ""]).split("\n", 1)[1] + "\n")
     print(table([[("-" if v is None else v) for v in r.values()] for r in rows], list(rows[0])))
+    spilled = [(r["kernel"], r["spills"]) for r in rows if r["spills"]]
+    if spilled:
+        print("\n" + wrap(spill_note(spilled, target, decided_by)))
     return 0
 
 
+def in_words(candidate, target, problem, decided_by, args) -> str:
+    """What was built, and from which spec, in a sentence."""
+    if args.spec:
+        source = f"the spec as your --spec {' '.join(args.spec)} changed it"
+    elif problem is None:
+        source = "its first valid spec (no problem to select one for)"
+    else:
+        whose = "this problem" if args.options else "the family's default problem"
+        source = f"the spec kreg selects for {whose} (below)"
+    text = f"Compiled {candidate.name}'s kernels for {target.name} with {source}."
+    if decided_by is not None:
+        text += " " + spec_choice_in_words(decided_by, target.name)
+    return text
+
+
+def spill_note(spilled: list, target, decided_by: str | None) -> str:
+    """What the spill counts mean, and whether they were measured, from the build's numbers."""
+    unit = "registers" if target.backend == "hip" else "bytes"  # the AMD assembler counts VGPRs
+    counts = ", ".join(f"{name} {n}" for name, n in spilled)
+    text = (f"spills: {unit} per thread spilled to local memory because the kernel needed more "
+            f"registers than it had ({counts}). Results are unchanged; each spilled value costs a "
+            f"trip through the cache, which matters only on a kernel that bounds the run time, "
+            f"so small counts elsewhere are harmless.")  # fmt: skip
+    if decided_by is not None and decided_by.startswith(("tuning table entry", "cost model")):
+        return text + (" This spec was chosen from GPU timings, spills included (kreg bench "
+                       "times it again after a kernel change).")  # fmt: skip
+    return text + (f" Nothing here was timed on {target.name}: a timing on the device (kreg "
+                   f"bench) says what these spills cost.")  # fmt: skip
+
+
 def resolve(name: str, target, options: dict | None = None):
-    """(candidate, spec, how the spec was chosen, the problem it was selected for or None) for a
-    candidate or family name; ``options`` build the problem as ``kreg explain`` does."""
+    """(candidate, spec, how the spec was chosen, the problem it was selected for or None, the
+    selection's ``decided_by`` or None) for a candidate or family name; ``options`` build the
+    problem as ``kreg explain`` does."""
     from kreg.dispatch import NoCandidateError, select
 
     reg = registry()
@@ -138,6 +182,7 @@ def resolve(name: str, target, options: dict | None = None):
             sel.spec,
             f"selected for {short_repr(problem)}: {sel.decided_by}",
             problem,
+            sel.decided_by,
         )
     if name not in reg.candidates:
         known = ", ".join([*reg.families, *reg.candidates])
@@ -158,13 +203,14 @@ def resolve(name: str, target, options: dict | None = None):
                 sel.spec,
                 f"selected for {short_repr(problem)}: {sel.decided_by}",
                 problem,
+                sel.decided_by,
             )
         except NoCandidateError:
             if options:  # the user's problem: building something else would mislead
                 raise
     for spec in candidate.enumerate_specs(target):
         if candidate.is_valid(spec, target).ok:
-            return candidate, spec, "first valid enumerated spec", None
+            return candidate, spec, "first valid enumerated spec", None, None
     raise CliError(f"{name} has no valid spec on {target.name}")
 
 

@@ -1,7 +1,10 @@
 """``kreg explain FAMILY --target T key=value...``: the dispatcher's choice among FAMILY's
-candidates (another family serving the same problem type never wins here) and its full trace."""
+candidates (another family serving the same problem type never wins here), said in words first;
+``--verbose`` adds how the spec was ranked and every candidate's trace."""
 
 from __future__ import annotations
+
+import argparse
 
 from ._util import (
     CliError,
@@ -11,18 +14,33 @@ from ._util import (
     jsonable,
     parse_assignments,
     problem_from_options,
+    problem_options_help,
     short_repr,
     table,
+    wrap,
 )
 
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("explain", help="show which candidate and spec serve a problem")
+    p = subparsers.add_parser(
+        "explain",
+        help="show which candidate and spec serve a problem",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=problem_options_help,
+    )
     p.add_argument("family", help="family name, e.g. kda")
-    p.add_argument("options", nargs="*", metavar="key=value", help="problem options")
+    p.add_argument(
+        "options",
+        nargs="*",
+        default=[],
+        metavar="key=value",
+        help="problem options (listed below; none: the family's default problem)",
+    )
     p.add_argument("--target", required=True, help="target name, e.g. sm90")
     p.add_argument("--algorithm", default="auto", help="pin a candidate (full or short name)")
     p.add_argument("--allow-opt-in", action="store_true", help="let opt-in candidates win")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="add how the spec was ranked and every candidate's trace")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON")
     return p
 
@@ -56,6 +74,7 @@ def as_json(family, problem, args, sel) -> dict:
         "target": sel.target.name,
         "algorithm": args.algorithm,
         "allow_opt_in": args.allow_opt_in,
+        "summary": summary(sel, args.algorithm),
         "selected": {
             "candidate": sel.candidate.name,
             "spec_type": type(sel.spec).__name__,
@@ -67,19 +86,45 @@ def as_json(family, problem, args, sel) -> dict:
     }
 
 
+def summary(sel, algorithm: str = "auto") -> str:
+    """The selection in plain words: which candidate, why its spec, why not the others."""
+    from ._util import spec_choice_in_words
+
+    chosen = sel.candidate.name
+    pinned = " (as --algorithm asked)" if algorithm != "auto" else ""
+    text = (f"{chosen} serves this problem on {sel.target.name}{pinned}. "
+            f"{spec_choice_in_words(sel.decided_by, sel.target.name)}")  # fmt: skip
+    others = {e.candidate: "" for e in sel.trace if e.candidate != chosen}  # in trace order
+    for e in sel.trace:
+        if e.candidate == chosen or e.ok:
+            continue
+        if e.stage != "ranked":
+            others[e.candidate] = f"{e.candidate} cannot serve it (--verbose says why)"
+        elif e.reason.startswith("opt-in"):
+            others[e.candidate] = f"{e.candidate} is opt-in (--allow-opt-in lets it compete)"
+        elif "estimated cost" in e.reason:
+            others[e.candidate] = f"{e.candidate} could serve it too, at a higher estimated cost"
+        elif "by name" in e.reason:
+            others[e.candidate] = f"{e.candidate} ties with it and comes later by name"
+        else:
+            others[e.candidate] = f"{e.candidate} could serve it too, at a lower priority"
+    said = [why for why in others.values() if why]
+    return text + (" " + "; ".join(said) + "." if said else "")
+
+
 def as_text(problem, args, sel) -> str:
-    head = table(
-        [
-            ["problem", short_repr(problem)],
-            ["target", sel.target.name],
-            ["algorithm", args.algorithm + (" (opt-in allowed)" if args.allow_opt_in else "")],
-            ["selected", sel.candidate.name],
-            ["spec", short_repr(sel.spec)],
-            ["decided by", sel.decided_by],
-            # the shape class tuning entries match: what the problem is planned as
-            *([["bucket", repr(problem.bucket())]] if hasattr(problem, "bucket") else []),
-        ],
-        ["", ""],
-    ).split("\n", 1)[1]
+    rows = [
+        ["problem", short_repr(problem)],
+        ["target", sel.target.name],
+        ["algorithm", args.algorithm + (" (opt-in allowed)" if args.allow_opt_in else "")],
+        ["selected", sel.candidate.name],
+        ["spec", short_repr(sel.spec)],
+        *([["decided by", sel.decided_by]] if args.verbose else []),
+        # the shape class tuning entries match: what the problem is planned as
+        *([["bucket", repr(problem.bucket())]] if hasattr(problem, "bucket") else []),
+    ]
+    head = wrap(summary(sel, args.algorithm)) + "\n\n" + table(rows, ["", ""]).split("\n", 1)[1]
+    if not args.verbose:
+        return head + "\n\n(--verbose: how the spec was ranked, and every candidate's trace)"
     rows = [[e.candidate, e.stage, "ok" if e.ok else "no", e.reason] for e in sel.trace]
     return head + "\n\nTrace\n" + table(rows, ["candidate", "stage", "ok", "reason"], "  ")

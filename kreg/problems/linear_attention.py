@@ -7,6 +7,7 @@ so it gets its own problem type. Every field is validated when the problem is co
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import attrs
 
@@ -161,32 +162,57 @@ class LinearAttentionProblem:
             "tokens_per_seq": _bucket(self.longest_seq),
         }
 
+    # ``from_options`` (the CLI's key=value options, listed by ``kreg explain --help``): short
+    # names, the defaults of the fields that have none, and the fields that default to another
+    OPTION_ALIASES: ClassVar[dict[str, str]] = {
+        "B": "batch",
+        "T": "seq_len",
+        "H": "heads_qk",
+        "HV": "heads_v",
+        "K": "head_dim_k",
+        "V": "head_dim_v",
+        "lower_bound": "gate_lower_bound",
+    }
+    OPTION_DEFAULTS: ClassVar[dict[str, int]] = {
+        "batch": 1,
+        "seq_len": 2048,
+        "heads_qk": 32,
+        "head_dim_k": 128,
+    }
+    OPTION_FOLLOWS: ClassVar[dict[str, str]] = {
+        "heads_v": "heads_qk",
+        "head_dim_v": "head_dim_k",
+        "num_seqs": "batch",
+    }
+
     @classmethod
     def from_options(cls, options: dict[str, str]) -> LinearAttentionProblem:
         """Build a problem from ``key=value`` strings (the CLI); short names B, T, H, HV, K, V."""
-        aliases = {
-            "B": "batch",
-            "T": "seq_len",
-            "H": "heads_qk",
-            "HV": "heads_v",
-            "K": "head_dim_k",
-            "V": "head_dim_v",
-            "lower_bound": "gate_lower_bound",
-        }
         fields = attrs.fields_dict(cls)
-        values: dict = {"batch": 1, "seq_len": 2048, "heads_qk": 32, "head_dim_k": 128}
+        values: dict = dict(cls.OPTION_DEFAULTS)
         given: dict[str, str] = {}
         for key, raw in options.items():
-            name = aliases.get(key, key)
+            name = cls.OPTION_ALIASES.get(key, key)
             if name not in fields:
-                raise ValueError(f"unknown problem option {key!r}; known: {sorted(fields)}")
+                raise ValueError(f"unknown problem option {key!r}; known: {_known(cls)}")
             if name in given:
                 raise ValueError(f"{name} given twice ({given[name]} and {key})")
             given[name] = key
             values[name] = _parse(name, raw, fields[name].type)
-        values.setdefault("heads_v", values["heads_qk"])
-        values.setdefault("head_dim_v", values["head_dim_k"])
+        for name, source in cls.OPTION_FOLLOWS.items():
+            values.setdefault(name, values[source])
         return cls(**values)
+
+
+def _known(cls) -> str:
+    """Every option name, its short forms after it: ``batch (B), ..., seq_len (T), ...``."""
+    short: dict[str, list[str]] = {}
+    for alias, name in cls.OPTION_ALIASES.items():
+        short.setdefault(name, []).append(alias)
+    return ", ".join(
+        name + (f" ({', '.join(short[name])})" if name in short else "")
+        for name in sorted(attrs.fields_dict(cls))
+    )
 
 
 def _parse(name: str, raw, annotation):

@@ -139,6 +139,7 @@ def test_hard_resets_and_huge_gates_are_exact():
 @pytest.mark.parametrize("name,value", [("k", "nan"), ("v", "nan"), ("g", "nan"), ("g", "inf"),
                                         ("beta", "nan"), ("k", "inf"), ("beta", "inf"), ("v", "inf"),
                                         ("k", "-inf"), ("v", "-inf")])  # fmt: skip
+@numerics.NON_FINITE_EXPECTED
 def test_non_finite_input_poisons_from_its_position(name, value):
     """Outputs before p bit for bit, NaN from p on (every V block, also where the bad value sits
     in another block's columns of v), final state NaN."""

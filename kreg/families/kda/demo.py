@@ -22,6 +22,8 @@ def main() -> int:
     import attrs
     import torch
 
+    from kreg.cli._util import wrap
+    from kreg.cli.explain_cmd import summary
     from kreg.families.kda import api, oracles
     from kreg.families.kda.specs import bitwise_pair
 
@@ -52,7 +54,10 @@ def main() -> int:
     serial = oracles.token_serial_oracle(*args, initial_state=n(h0))
     tile = oracles.tile_oracle(*args, initial_state=n(h0), chunk=sel.spec.tile.chunk)
     print(f"KDA prefill on CPU (Triton interpreter), fp16, B={B} T={T} H={H} HV={HV} K={K} V={V}")
-    print(f"selected {sel.candidate.name}: chunk {sel.spec.tile.chunk}, {sel.decided_by}")
+    print(wrap(f"Selected with sm90's rules: {summary(sel)}", indent="  "))
+    print(
+        f"  Its spec runs chunks of {sel.spec.tile.chunk} tokens; the tile oracle below uses the same."
+    )
     worst = 0.0
     for name, (ro, rs) in (("token-serial oracle", serial), ("tile oracle", tile)):
         eo, es = oracles.relative_rms(n(o), ro), oracles.relative_rms(n(ht), rs)
