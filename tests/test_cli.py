@@ -87,9 +87,9 @@ def test_explain_text(kreg):
     assert r.returncode == 0, r.stderr
     first, table = r.stdout.split("\n\n")[:2]
     assert first == (
-        "testfam.fast serves this problem on gfx950. Nothing was timed for this case on gfx950, so "
-        "a rough\nestimate (not a measurement) ranks its spec the cheapest of the 7 valid ones. "
-        "testfam.simple could\nserve it too, at a lower priority."
+        "testfam.fast serves this problem on gfx950. No tuning entry or cost model covers this case "
+        "on\ngfx950, so a rough estimate (not a timing) ranks its spec the cheapest of the 7 valid "
+        "ones.\ntestfam.simple could serve it too, at a lower priority."
     )
     assert "selected   testfam.fast" in table.splitlines()
     assert "decided by" not in r.stdout and "Trace" not in r.stdout
@@ -109,9 +109,9 @@ def test_explain_text(kreg):
             r"A cost model fitted to GPU timings \(.+, \d{4}-\d\d-\d\d\) predicts its spec to be "
             r"the fastest of the \d+ it models \([\d.]+ ms\)",
         ),
-        (["--target", "gfx950"], r"Nothing was timed for this case on gfx950, so a rough estimate "
-                                 r"\(not a measurement\) ranks its spec the cheapest of the \d+ "
-                                 r"valid ones"),
+        (["--target", "gfx950"], r"No tuning entry or cost model covers this case on gfx950, so a "
+                                 r"rough estimate \(not a timing\) ranks its spec the cheapest of "
+                                 r"the \d+ valid ones"),
         (["--target", "gfx942", "K=256"], r"^kda.recurrent serves this problem on gfx942\. .*"
                                           r"kda.split cannot serve it \(--verbose says why\)"),
     ],
@@ -182,8 +182,8 @@ def test_build_resources(kreg):
     [
         ("sm90", "tuning table entry {...}", "bytes", "chosen from GPU timings, spills included"),
         ("sm90", "cost model m.json (...)", "bytes", "chosen from GPU timings, spills included"),
-        ("gfx950", "heuristic cost 3", "registers", "Nothing here was timed on gfx950"),
-        ("sm90", None, "bytes", "Nothing here was timed on sm90"),  # --spec, or no problem
+        ("gfx950", "heuristic cost 3", "registers", "No timing on gfx950 chose this spec"),
+        ("sm90", None, "bytes", "No timing on sm90 chose this spec"),  # --spec, or no problem
     ],
 )
 def test_build_says_whether_its_spills_matter(target, decided_by, unit, verdict):

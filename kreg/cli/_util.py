@@ -88,8 +88,9 @@ def spec_choice_in_words(decided_by: str, target: str) -> str:
                 f"{f' of the {ms[2]} it models ({ms[1]} ms)' if ms else ''}.")  # fmt: skip
     if decided_by.startswith("heuristic cost"):
         n = re.search(r"lowest of (\d+) valid", decided_by)
-        return (f"Nothing was timed for this case on {target}, so a rough estimate (not a "
-                f"measurement) ranks its spec the cheapest{f' of the {n[1]} valid ones' if n else ''}.")  # fmt: skip
+        valid = f" of the {n[1]} valid ones" if n else ""
+        return (f"No tuning entry or cost model covers this case on {target}, so a rough estimate "
+                f"(not a timing) ranks its spec the cheapest{valid}.")  # fmt: skip
     if decided_by.startswith("priority"):
         return "Its spec is the first valid one: the family ranks its specs by no cost."
     return f"Its spec was chosen by: {decided_by}."

@@ -161,8 +161,8 @@ def spill_note(spilled: list, target, decided_by: str | None) -> str:
     if decided_by is not None and decided_by.startswith(("tuning table entry", "cost model")):
         return text + (" This spec was chosen from GPU timings, spills included (kreg bench "
                        "times it again after a kernel change).")  # fmt: skip
-    return text + (f" Nothing here was timed on {target.name}: a timing on the device (kreg "
-                   f"bench) says what these spills cost.")  # fmt: skip
+    return text + (f" No timing on {target.name} chose this spec: one on the device (kreg bench) "
+                   f"says what these spills cost.")  # fmt: skip
 
 
 def resolve(name: str, target, options: dict | None = None):

@@ -16,6 +16,7 @@ from ._util import (
     problem_from_options,
     problem_options_help,
     short_repr,
+    spec_choice_in_words,
     table,
     wrap,
 )
@@ -88,8 +89,6 @@ def as_json(family, problem, args, sel) -> dict:
 
 def summary(sel, algorithm: str = "auto") -> str:
     """The selection in plain words: which candidate, why its spec, why not the others."""
-    from ._util import spec_choice_in_words
-
     chosen = sel.candidate.name
     pinned = " (as --algorithm asked)" if algorithm != "auto" else ""
     text = (f"{chosen} serves this problem on {sel.target.name}{pinned}. "
