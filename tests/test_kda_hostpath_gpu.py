@@ -15,6 +15,7 @@ import time
 
 import pytest
 import torch
+from bitwise import assert_bitwise_equal  # tests/ is on sys.path (rootdir conftest)
 
 from kreg.compat.fla import chunk_kda, fused_recurrent_kda
 from kreg.families.kda import api, plans
@@ -49,13 +50,6 @@ def fresh():
     api.clear_plans()
     yield
     api.clear_plans()
-
-
-def _equal(a, b):
-    for x, y in zip(a, b, strict=True):
-        assert (x is None) == (y is None)
-        if x is not None:
-            torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("fn", ["chunk", "recurrent"])
@@ -112,7 +106,7 @@ def test_cuda_graph_replays_device_offsets(max_seqlen):
         api.clear_plans()
         eager = step()
         torch.cuda.synchronize()
-        _equal(out, eager)
+        assert_bitwise_equal(out, eager)
 
 
 @pytest.mark.parametrize("lengths", [[4096], [100, 3000, 1, 900]], ids=["one", "mixed"])
@@ -128,7 +122,7 @@ def test_replay_equals_normal_path_and_split_equals_fused(lengths):
     outs = [chunk_kda(**x, cu_seqlens=offsets, output_final_state=True, **g) for _ in range(4)]
     assert any(isinstance(p, plans.Plan) and p.compiled for p in api._plans.values())
     for o in outs[1:]:
-        _equal(o, outs[0])
+        assert_bitwise_equal(o, outs[0])
     opts = dict(cu_seqlens=offsets, output_final_state=True, gate_activation="softplus",
                 A_log=g["A_log"], dt_bias=g["dt_bias"], use_qk_l2norm=True)  # fmt: skip
     problem, call = api._prepare(**x, **opts)
@@ -136,7 +130,7 @@ def test_replay_equals_normal_path_and_split_equals_fused(lengths):
     split = select(problem, "sm90", algorithm="kda.split")
     a = api.run_selection(attrs.evolve(split, spec=bitwise_pair(fused.spec)), call, problem)
     b = api.run_selection(fused, call, problem)
-    _equal(a, b)
+    assert_bitwise_equal(a, b)
 
 
 def test_planned_calls_cost_little_host_time():

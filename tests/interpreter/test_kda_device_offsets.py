@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import triton
+from bitwise import assert_bitwise_equal  # tests/ is on sys.path (rootdir conftest)
 from torch.overrides import TorchFunctionMode
 
 from kreg.compat.fla import chunk_kda, fused_recurrent_kda
@@ -72,14 +73,6 @@ GATE = dict(use_gate_in_kernel=True, A_log=torch.tensor([0.3, -0.5]),
             dt_bias=torch.linspace(-1, 1, 64), use_qk_l2norm_in_kernel=True)  # fmt: skip
 
 
-def _equal(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        assert (x is None) == (y is None)
-        if x is not None:
-            torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
-
-
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 @pytest.mark.parametrize("chunk_size", [64, 32])
 def test_chunk_kda_device_offsets_equal_host_offsets(device_offsets, dtype, chunk_size):
@@ -94,10 +87,10 @@ def test_chunk_kda_device_offsets_equal_host_offsets(device_offsets, dtype, chun
               chunk_size=chunk_size)  # fmt: skip
     want = chunk_kda(**x, cu_seqlens=cu, cu_seqlens_cpu=cu.clone(), **kw)
     got = chunk_kda(**x, cu_seqlens=device_offsets(cu), **kw)
-    _equal(got[:2], want[:2])
+    assert_bitwise_equal(got[:2], want[:2])
     rows = want[2].shape[1]
     assert got[2].shape[1] == triton.cdiv(T, chunk_size) + 2  # the bound: a part chunk each
-    _equal((got[2][:, :rows],), (want[2],))
+    assert_bitwise_equal((got[2][:, :rows],), (want[2],))
 
 
 def test_max_seqlen_hint_plans_as_the_host_offsets_do(device_offsets):
@@ -116,7 +109,7 @@ def test_max_seqlen_hint_plans_as_the_host_offsets_do(device_offsets):
     want = api.kda_prefill(**x, cu_seqlens=host, cu_seqlens_cpu=host, output_final_state=True)
     for hint in (None, 187):
         got = api.kda_prefill(**x, cu_seqlens=cu, max_seqlen=hint, output_final_state=True)
-        _equal(got, want)
+        assert_bitwise_equal(got, want)
 
 
 @pytest.mark.parametrize("segment_chunks", [0, 2])
@@ -149,8 +142,8 @@ def test_decode_on_device_offsets_and_device_pool(device_offsets, monkeypatch):
     monkeypatch.setattr(api, "_pool_slots", _device_pool_slots)
     got = fused_recurrent_kda(**x, initial_state=pools[1], cu_seqlens=device_offsets(cu),
                               ssm_state_indices=device_offsets(slots), **GATE)  # fmt: skip
-    _equal(got, want)
-    _equal((pools[1],), (pools[0],))
+    assert_bitwise_equal(got, want)
+    assert_bitwise_equal((pools[1],), (pools[0],))
 
 
 def _device_pool_slots(indices, indices_cpu, pool):
@@ -166,7 +159,7 @@ def test_bad_device_offsets_are_made_safe(device_offsets):
     safe = torch.tensor([0, 5, 5, 40, 50])
     got = api.kda_prefill(**x, cu_seqlens=device_offsets(bad), output_final_state=True)
     want = api.kda_prefill(**x, cu_seqlens=safe, cu_seqlens_cpu=safe, output_final_state=True)
-    _equal(got, want)
+    assert_bitwise_equal(got, want)
 
 
 def _tables_reference(cu, T, C, HS):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from bitwise import assert_bitwise_equal  # tests/ is on sys.path (rootdir conftest)
 
 from kreg.compat.fla import chunk_kda, fused_recurrent_kda
 from kreg.families.kda import api, plans
@@ -42,13 +43,6 @@ def inputs(T, H=2, K=32, dtype=FP16, seed=0):
                 beta=torch.rand(1, T, H, generator=gen).to(dtype))  # fmt: skip
 
 
-def _equal(a, b):
-    for x, y in zip(a, b, strict=True):
-        assert (x is None) == (y is None)
-        if x is not None:
-            torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
-
-
 @pytest.mark.parametrize("fn", ["chunk", "recurrent"])
 def test_replay_equals_the_normal_path(fresh, fn):
     T = 40 if fn == "chunk" else 3
@@ -63,10 +57,10 @@ def test_replay_equals_the_normal_path(fresh, fn):
     other = inputs(T, seed=1)  # new values in tensors of the same key
     replays = [call(**x, **kw), call(**other, **kw)]
     assert len(fresh) == 2, "a replay ran the normal path"
-    _equal(replays[0], first)
-    _equal(second, first)
+    assert_bitwise_equal(replays[0], first)
+    assert_bitwise_equal(second, first)
     api.clear_plans()
-    _equal(replays[1], call(**other, **kw))
+    assert_bitwise_equal(replays[1], call(**other, **kw))
     assert replays[0][0].data_ptr() != first[0].data_ptr()  # outputs are fresh tensors
 
 
@@ -77,7 +71,7 @@ def test_what_a_replay_cannot_reproduce_gets_no_plan(fresh):
     outs = [chunk_kda(**x, output_final_state=True, **gate) for _ in range(3)]
     assert list(api._plans.values()) == [False]
     assert len(fresh) == 3
-    _equal(outs[2], outs[0])
+    assert_bitwise_equal(outs[2], outs[0])
 
 
 def test_a_call_differing_in_anything_validated_misses(fresh):
