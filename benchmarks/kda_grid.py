@@ -2,7 +2,7 @@
 
     python benchmarks/kda_grid.py plan                      # shapes, split, compile counts
     python benchmarks/kda_grid.py sweep --out DIR/sweep.json [--deadline-s 540] [--workers 14]
-    python benchmarks/kda_grid.py fit SWEEP.json [--out kreg/dispatch/kda_model.json]
+    python benchmarks/kda_grid.py fit SWEEP.json [--out kreg/families/kda/kda_model.json]
     python benchmarks/kda_grid.py validate SWEEP.json [--bench RESULTS.json] [--out docs/kda]
     python benchmarks/kda_grid.py part K N                  # kreg bench --cases of part K of N
     python benchmarks/kda_grid.py merge A.json B.json --out DIR   # one results.json of the parts
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", nargs="+", help="only these grid shapes (names)")
     p = sub.add_parser("fit")
     p.add_argument("sweep")
-    p.add_argument("--out", default="kreg/dispatch/kda_model.json")
+    p.add_argument("--out", default="kreg/families/kda/kda_model.json")
     p = sub.add_parser("validate")
     p.add_argument("sweep")
     p.add_argument("--bench", help="a `kreg bench kda-grid` results.json to summarise too")

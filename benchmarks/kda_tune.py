@@ -1,5 +1,5 @@
 """Measure the KDA split path's kernels spec by spec on this GPU; write the fastest split spec per
-shape bucket as tuning-table entries (``kreg/dispatch/tuning.json`` format) and the raw timings.
+shape bucket as tuning-table entries (``kreg/families/kda/tuning.json`` format) and the raw timings.
 
     python benchmarks/kda_tune.py [--out DIR] [--shapes B,T,H ...] [--chunks 32 ...]
 

@@ -9,7 +9,7 @@
 #       step against fla's): $OUT/gpu_tests.log
 #     - the decode scenario with the pool pair against fla's own pooled step: $OUT/decode/
 #   here (CPU), from the repository root:
-#     cp kreg/dispatch/kda_model.json /tmp/before.json
+#     cp kreg/families/kda/kda_model.json /tmp/before.json
 #     python benchmarks/kda_grid.py fit SWEEP.json                  # the refit, fit shapes only
 #     cases=$(python benchmarks/kda_grid.py changed /tmp/before.json)
 #     cp SWEEP.json docs/kda/grid_sweep.json; commit; then

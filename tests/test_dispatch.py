@@ -237,10 +237,47 @@ def test_well_formed_json_of_the_wrong_shape_is_ignored_not_a_crash(vec, table, 
         assert select(vec[0](), "sm90").spec.tile.block == 64
 
 
+def test_a_family_ships_its_own_tuning_table(vec, testfam, tmp_path, monkeypatch):
+    """A family's measurements are read from the package its ``data`` names, so a third party's
+    family ships its tuning table (and cost models) in its own folder; another family's files
+    do not apply to it, and ``$KREG_TUNING`` replaces them all."""
+    from kreg.dispatch import ranker
+
+    VecProblem, VecSpec, Tile = vec
+    pkg = tmp_path / "kreg_t_famdata"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "tuning.json").write_text(json.dumps(section()))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("KREG_TUNING", raising=False)
+    clear_cache()
+    family = testfam.families["testfam"]
+    simple = next(c for c in family.candidates if c.name == "testfam.simple")
+    specs = [VecSpec(Tile(b, 1)) for b in (32, 64, 256)]
+    args = (
+        simple,
+        attrs.evolve(family, data="kreg_t_famdata"),
+        specs,
+        VecProblem(),
+        testfam.targets["sm90"],
+    )
+    assert ranker.tuned_spec(*args)[0] == VecSpec(Tile(256, 1))
+    assert ranker.tuned_spec(simple, family, *args[2:]) is None  # testfam ships no data
+    kda = attrs.evolve(family, data="kreg.families.kda")  # KDA's table names no testfam entry
+    assert ranker.tuned_spec(simple, kda, *args[2:]) is None
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(section(entries=[])))
+    monkeypatch.setenv("KREG_TUNING", str(other))
+    clear_cache()
+    assert ranker.tuned_spec(*args) is None
+
+
 def test_packaged_tuning_table_is_valid():
     from importlib import resources
 
-    data = json.loads(resources.files("kreg.dispatch").joinpath("tuning.json").read_text())
+    from kreg.families.kda.plugin import FAMILY
+
+    data = json.loads(resources.files(FAMILY.data).joinpath("tuning.json").read_text())
     sections = data if isinstance(data, list) else [data]
     for s in sections:
         assert {"target", "triton", "abi"} <= set(s["header"])

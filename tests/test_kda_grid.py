@@ -552,7 +552,7 @@ def test_roles_predict_only_at_head_dims_their_sweep_measured(target):
     """Segmented scans are valid at K = 256 since the row-blocked combine, but no sweep has timed
     them there: the fitted roles name the head dims they were measured at and predict nothing
     elsewhere, so the selection stays among measured kernels."""
-    path = Path(model.__file__).parents[2] / "dispatch" / "kda_model.json"
+    path = Path(model.__file__).with_name("kda_model.json")
     payload = json.loads(path.read_text())["model"]
     shape = next(x for x in grid.shapes() if x.name == "b2-t12160-h2x2-d256x256")
     p = grid.problem_of(shape)
@@ -592,7 +592,7 @@ def test_k256_pool_holds_a_segmented_scan_below_the_spill_line(target):
 def test_changed_lists_the_cases_a_model_moves(tmp_path):
     """``kda_grid.py changed``: which grid cases another cost model selects differently (the
     ones a refit sends back to the benchmark)."""
-    path = Path(model.__file__).parents[2] / "dispatch" / "kda_model.json"
+    path = Path(model.__file__).with_name("kda_model.json")
     same = validate.selections(str(path))
     assert same == validate.selections()  # the packaged file is that one
     assert set(same) == {c.name for c in grid.cases()}

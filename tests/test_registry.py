@@ -192,10 +192,25 @@ def test_builtin_plugin_errors_raise(plugin_env, monkeypatch):
         load_registry("none", builtins=("kreg.registry.builtin", "kreg_t_dupbuiltin"))
     with pytest.raises(RegistrationError, match="builtin:kreg_not_here_xyz"):
         load_registry("none", builtins=("kreg.registry.builtin", "kreg_not_here_xyz"))
-    # an optional built-in is skipped only while its own module is missing
-    monkeypatch.setattr(manager_mod, "OPTIONAL_BUILTINS", {"kreg_not_here_xyz", "kreg_t_inner"})
-    reg = load_registry("none", builtins=("kreg.registry.builtin", "kreg_not_here_xyz"))
-    assert "sm90" in reg.targets
     plugin_env.install("unused2", "kreg_t_inner", "import kreg_missing_dependency_xyz\n")
     with pytest.raises(RegistrationError, match="kreg_missing_dependency_xyz"):
         load_registry("none", builtins=("kreg_t_inner",))
+
+
+def test_builtin_families_are_the_family_folders_with_a_plugin(tmp_path, monkeypatch):
+    """Every folder of kreg/families/ with a plugin.py is registered, found by listing the
+    folder (one mechanism for every built-in family); a folder without one is not a family."""
+    from kreg.registry.manager import builtin_plugins
+
+    found = builtin_plugins()
+    assert found[0] == "kreg.registry.builtin"
+    assert "kreg.families.kda.plugin" in found
+    root = tmp_path / "kreg_t_fams"
+    for name, files in {"zeta": ["__init__.py", "plugin.py"], "notes": ["__init__.py"]}.items():
+        (root / name).mkdir(parents=True)
+        for f in files:
+            (root / name / f).write_text("")
+    (root / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(manager_mod, "FAMILIES_PACKAGE", "kreg_t_fams")
+    assert builtin_plugins() == ("kreg.registry.builtin", "kreg_t_fams.zeta.plugin")

@@ -1,8 +1,14 @@
 """Ranking a candidate's valid specs: measured tuning-table entries first, then a fitted cost
 model, then a cost heuristic.
 
-The tuning table is JSON, packaged as ``kreg/dispatch/tuning.json`` (``$KREG_TUNING`` names
-another file). It is one section or a list of sections, one per (target, Triton version)::
+Each family ships its own measurements in the package its ``Family.data`` names (KDA:
+``kreg/families/kda/``): a tuning table ``tuning.json`` and cost models ``*_model.json``. A
+third party's family does the same in its own package; the core reads them through the family
+and knows no family's files. ``$KREG_TUNING`` names one tuning file and ``$KREG_MODELS`` cost
+model files (separated by ``os.pathsep``; empty or ``os.devnull``: none) used instead of every
+family's packaged ones.
+
+A tuning table is one section or a list of sections, one per (target, Triton version)::
 
     {"header": {"target": "sm90", "triton": "3.6.0", "abi": {"kda": 1}},
      "entries": [{"candidate": "kda.split", "bucket": {...}, "spec": {"field": value}}]}
@@ -13,8 +19,7 @@ ignored whole with a warning, never half-used. An entry matches a problem when i
 items are a subset of ``problem.bucket()`` and its ``spec`` items (nested for nested attrs
 specs) a subset of a valid spec's fields; the first matching entry wins.
 
-Cost models are JSON files too, ``kreg/dispatch/*_model.json`` (``$KREG_MODELS``: other files,
-separated by ``os.pathsep``; empty or ``os.devnull``: none), one section or a list of them::
+A cost model file is one section or a list of them::
 
     {"header": {"target": "sm90", "triton": "3.6.0", "abi": {"kda": 1},
                 "candidate": "kda.split", "device": ..., "date": ..., "kind": ...},
@@ -38,8 +43,9 @@ import attrs
 
 from kreg.registry.model import Candidate, Family, Target
 
-_sections: list[dict] | None = None
-_models: list[tuple[str, dict]] | None = None
+# family data package ("" for the environment's files) -> sections, read once
+_sections: dict[str, list[dict]] = {}
+_models: dict[str, list[tuple[str, dict]]] = {}
 
 
 class TuningWarning(UserWarning):
@@ -49,24 +55,37 @@ class TuningWarning(UserWarning):
 def clear_table() -> None:
     """Re-read the tuning table and cost models on next use (after changing them or
     ``$KREG_TUNING`` / ``$KREG_MODELS``)."""
-    global _sections, _models
-    _sections = None
-    _models = None
+    _sections.clear()
+    _models.clear()
 
 
-def tuning_sections() -> list[dict]:
-    global _sections
-    if _sections is None:
-        _sections = _load(os.environ.get("KREG_TUNING"))
-    return _sections
+def _packaged(package: str):
+    """The files of a family's data package (None for a family that ships none)."""
+    return resources.files(package) if package else None
 
 
-def _read(path: str | None, packaged: str, what: str):
+def tuning_sections(family: Family) -> list[dict]:
+    """The tuning sections that apply to ``family``'s candidates: ``$KREG_TUNING``'s or the
+    family's own packaged ``tuning.json``."""
+    env = os.environ.get("KREG_TUNING")
+    key = "" if env else family.data
+    if key not in _sections:
+        if env:
+            data = _read(env, None, "tuning table")
+        else:
+            files = _packaged(family.data)
+            found = files is not None and files.joinpath("tuning.json").is_file()
+            data = _read(None, files.joinpath("tuning.json"), "tuning table") if found else None
+        _sections[key] = _load(data)
+    return _sections[key]
+
+
+def _read(path: str | None, packaged, what: str):
     try:
         if path:
             with open(path) as f:
                 return json.load(f)
-        return json.loads(resources.files("kreg.dispatch").joinpath(packaged).read_text())
+        return json.loads(packaged.read_text())
     except (OSError, ValueError) as e:
         warnings.warn(f"{what} {path or packaged} unreadable, ignored: {e}", TuningWarning,
                       stacklevel=3)  # fmt: skip
@@ -86,9 +105,9 @@ def _well_formed(data, what: str, ok) -> list[dict]:
     return good
 
 
-def _load(path: str | None) -> list[dict]:
+def _load(data) -> list[dict]:
     return _well_formed(
-        _read(path, "tuning.json", "tuning table"),
+        data,
         "tuning table",
         lambda s: (
             isinstance(s.get("entries"), list)
@@ -103,23 +122,25 @@ def _model_ok(section: dict) -> bool:
     )
 
 
-def model_sections() -> list[tuple[str, dict]]:
-    """(file name, section) of every cost model section, packaged or named by $KREG_MODELS."""
-    global _models
-    if _models is None:
-        env = os.environ.get("KREG_MODELS")
-        if env is None:
-            names = sorted(f.name for f in resources.files("kreg.dispatch").iterdir()
-                           if f.name.endswith("_model.json"))  # fmt: skip
-            sources = [(name, None) for name in names]
-        else:
-            sources = [(os.path.basename(p), p) for p in env.split(os.pathsep)
+def model_sections(family: Family) -> list[tuple[str, dict]]:
+    """(file name, section) of the cost model sections for ``family``'s candidates: the files
+    ``$KREG_MODELS`` names, or the family's own packaged ``*_model.json``."""
+    env = os.environ.get("KREG_MODELS")
+    key = "" if env is not None else family.data
+    if key not in _models:
+        if env is not None:
+            sources = [(os.path.basename(p), p, None) for p in env.split(os.pathsep)
                        if p and p != os.devnull]  # fmt: skip
-        _models = []
-        for name, path in sources:
-            data = _read(path, name, "cost model")
-            _models += [(name, s) for s in _well_formed(data, f"cost model {name}", _model_ok)]
-    return _models
+        else:
+            files = _packaged(family.data)
+            found = [] if files is None else [f for f in files.iterdir()
+                                              if f.name.endswith("_model.json")]  # fmt: skip
+            sources = [(f.name, None, f) for f in sorted(found, key=lambda f: f.name)]
+        _models[key] = []
+        for name, path, packaged in sources:
+            data = _read(path, packaged, "cost model")
+            _models[key] += [(name, s) for s in _well_formed(data, f"cost model {name}", _model_ok)]
+    return _models[key]
 
 
 def _applies(header: dict, family: Family, target: Target, where: str) -> bool:
@@ -182,7 +203,7 @@ def tuned_spec(
 ) -> tuple[Any, str] | None:
     """The spec of the first matching tuning entry, with a description; None without one."""
     bucket = problem.bucket() if hasattr(problem, "bucket") else {}
-    for s_index, section in enumerate(tuning_sections()):
+    for s_index, section in enumerate(tuning_sections(family)):
         try:
             found = _tuned_in_section(candidate, family, specs, bucket, target, s_index, section)
         except (AttributeError, KeyError, TypeError, ValueError) as e:  # well-formed JSON, but
@@ -234,7 +255,7 @@ def modelled_spec(
     models any of ``specs``, with a description naming the model and entry; None without one."""
     if candidate.predict is None:
         return None
-    for name, section in model_sections():
+    for name, section in model_sections(family):
         header = section["header"]
         if header.get("candidate") != candidate.name:
             continue

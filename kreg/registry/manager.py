@@ -25,6 +25,7 @@ import inspect
 import io
 import os
 import sys
+from importlib import resources
 from typing import Any
 
 import attrs
@@ -34,9 +35,7 @@ from . import hookspecs
 from .model import Candidate, Family, GoldenCase, Scenario, Target
 
 ENTRY_POINT_GROUP = "kreg"
-BUILTIN_PLUGINS = ("kreg.registry.builtin", "kreg.families.kda.plugin")
-# Built-ins skipped (silently) only while their module does not exist at all.
-OPTIONAL_BUILTINS = frozenset({"kreg.families.kda.plugin"})
+FAMILIES_PACKAGE = "kreg.families"
 BUILTIN_PREFIX = "builtin:"
 # Hooks are called in this order across all plugins: every target exists before any family.
 PHASES = (
@@ -182,8 +181,20 @@ class _Isolated:
         return text
 
 
-def load_registry(plugins: str | Any | None = _ENV, *, builtins=BUILTIN_PLUGINS) -> Registry:
-    """Load a fresh registry (uncached). ``plugins`` overrides ``$KREG_PLUGINS``."""
+def builtin_plugins() -> tuple[str, ...]:
+    """kreg's own plugins: its targets, then the ``plugin`` module of every folder under
+    ``kreg/families/`` that has one. Every built-in family is registered this one way (a new
+    folder with a ``plugin.py`` is a new family, nothing else to edit); a third party's family
+    comes from the ``kreg`` entry-point group instead."""
+    folders = resources.files(FAMILIES_PACKAGE)
+    families = sorted(f.name for f in folders.iterdir()
+                      if f.is_dir() and f.joinpath("plugin.py").is_file())  # fmt: skip
+    return ("kreg.registry.builtin",) + tuple(f"{FAMILIES_PACKAGE}.{n}.plugin" for n in families)
+
+
+def load_registry(plugins: str | Any | None = _ENV, *, builtins=None) -> Registry:
+    """Load a fresh registry (uncached). ``plugins`` overrides ``$KREG_PLUGINS``; ``builtins``
+    (module names) replaces :func:`builtin_plugins`."""
     if plugins is _ENV:
         plugins = os.environ.get("KREG_PLUGINS")
     pm = _PluginManager("kreg")
@@ -193,13 +204,11 @@ def load_registry(plugins: str | Any | None = _ENV, *, builtins=BUILTIN_PLUGINS)
     loaded: list[str] = []
     discovered: dict[str, PluginInfo] = {}
 
-    for module_name in builtins:
+    for module_name in builtin_plugins() if builtins is None else builtins:
         name = BUILTIN_PREFIX + module_name
         try:
             module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if module_name in OPTIONAL_BUILTINS and e.name == module_name:
-                continue
+        except ImportError as e:
             raise RegistrationError(name, f"import failed: {e}") from e
         try:
             warnings += [(name, w) for w in _add_plugin(pm, module, name)]

@@ -123,9 +123,9 @@ class Candidate:
     # measured entries of the tuning table take precedence).
     cost: Callable[[Any, Any, Target], float] | None = None
     # Measured cost model seam: ``predict(payload, specs, problem, target)`` reads the payload of
-    # a model section (``kreg/dispatch/*_model.json``, see ranker.py) and returns Predictions
-    # for those of ``specs`` it models; the lowest predicted time wins, after the tuning table
-    # and before ``cost``. The payload's format is the family's own.
+    # a model section (a ``*_model.json`` of the family's ``data``, see ranker.py) and returns
+    # Predictions for those of ``specs`` it models; the lowest predicted time wins, after the
+    # tuning table and before ``cost``. The payload's format is the family's own.
     predict: Callable[[Mapping, Sequence[Any], Any, Target], Sequence[Prediction]] | None = None
     priority: int = 0  # higher wins between candidates
     opt_in: bool = False
@@ -144,6 +144,10 @@ class Family:
     abi_version: int = 1  # bump when tuning-table entries stop applying
     description: str = ""
     docs: str = ""  # path of the per-family docs page, relative to the repository root
+    # the importable package (usually the family's own) whose ``tuning.json`` and
+    # ``*_model.json`` files are the family's measured tuning entries and cost models (read by
+    # kreg/dispatch/ranker.py); empty: the family ships none
+    data: str = ""
     # key=value options every problem of the family starts from where none are given (kreg
     # explain / build, the docs' dispatch table, the matrix's probe problems): a family sharing
     # a problem type states what its problems are (a scalar-gate family: {"gate": "scalar"})

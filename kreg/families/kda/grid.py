@@ -373,7 +373,7 @@ grid of `kreg/families/kda/grid.py`: 12 head configurations (H 1 to 64, HV/H 1, 
 B=64 T=256, varlen mixes (uniform short, long-tailed, one long among short, many length-1, empty
 sequences; `cu_seqlens` on the device only), the production argument set, each case's gate
 regime (the column "regime"; docs/kda/GATES.md lists them) with the pairs it admits, and each
-case's split label (fit / holdout: the cost model, kreg/dispatch/kda_model.json, is
+case's split label (fit / holdout: the cost model, kreg/families/kda/kda_model.json, is
 fitted on the fit cases only, so the holdout rows measure it out of sample). No fused row and no
 spec variants: the spec sweep is `benchmarks/kda_grid.py sweep`, its validation docs/kda/GRID.md.
 

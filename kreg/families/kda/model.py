@@ -6,7 +6,7 @@ others; :func:`resolve` turns a role into the concrete valid spec of a problem. 
 least-squares fit of log2(device ms), pooled over the roles: a per-role offset plus coefficients
 shared by every role on the features of a (problem, spec) pair; the ranker
 (``kreg/dispatch/ranker.py``) calls :func:`predict` with the payload of a
-``kreg/dispatch/kda_model.json`` section and runs the role of lowest predicted time.
+``kreg/families/kda/kda_model.json`` section and runs the role of lowest predicted time.
 
 Shape features (``SHAPE_FEATURES``, :func:`features`): the longest sequence ``L`` (log2: the
 scan's serial chain), the chains ``P`` = log2(sequences x value heads) (the scan's parallelism)

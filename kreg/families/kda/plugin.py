@@ -179,6 +179,7 @@ FAMILY = Family(
     description="Kimi Delta Attention: gated delta-rule linear attention, chunkwise prefill and "
     "token-serial decode",
     docs="docs/families/kda.md",
+    data=__package__,  # tuning.json and kda_model.json, beside this file
 )
 
 

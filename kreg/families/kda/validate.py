@@ -1,6 +1,6 @@
 """Fit the KDA cost model on a sweep's fit shapes and validate it on the holdout shapes (CPU).
 
-``fit_section(sweep)`` is the ``kreg/dispatch/kda_model.json`` section; ``evaluate(sweep,
+``fit_section(sweep)`` is the ``kreg/families/kda/kda_model.json`` section; ``evaluate(sweep,
 payload)`` gives, per shape, the spec the model selects (among its pool, as the ranker would),
 its measured time, the best measured spec's, their ratio, the dispatcher's choice without a
 model, and fla's time with the same promise; ``stats`` and ``render`` make docs/kda/GRID.md and
@@ -282,7 +282,7 @@ def markdown(sweep: dict, rows: list[dict], st: dict, bench: dict | None = None,
         "",
         "Regenerate: `python benchmarks/kda_grid.py sweep --out DIR/sweep.json` (one H200 call), "
         "`python benchmarks/kda_grid.py fit DIR/sweep.json` (writes "
-        "kreg/dispatch/kda_model.json from the fit shapes only), `python benchmarks/kda_grid.py "
+        "kreg/families/kda/kda_model.json from the fit shapes only), `python benchmarks/kda_grid.py "
         "validate DIR/sweep.json [--bench RESULTS.json]` (this page).",
         "",
         "**Method.** The grid (`kreg/families/kda/grid.py`) labels every fourth shape in design "
