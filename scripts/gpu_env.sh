@@ -7,7 +7,7 @@ OUT="${OUT:-gpu_out}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl &&
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl &&
     export PYTHONPATH="/tmp/site:$PYTHONPATH"
 fi
 export FLA_DISABLE_BACKEND_DISPATCH=1 PYTHONUNBUFFERED=1

@@ -284,7 +284,9 @@ def test_varlen_equals_each_sequence_alone(record_property):
         n_chunks = -(-(b - a) // problem.chunk_states_size)  # the spacing, not the kernels' chunk
         assert torch.equal(hs[first : first + n_chunks], hs_n), f"chunk states of sequence {n}"
         first += n_chunks
-    assert first == hs.shape[0]
+    # device offsets alone: the host cannot count the rows, so the buffer comes back whole at
+    # its bound (api.kda_prefill's docstring), the written rows first
+    assert hs.shape[0] == -(-T // problem.chunk_states_size) + len(lens) - 1 >= first
 
 
 # --- the production argument set, and the peer -----------------------------------------------

@@ -47,13 +47,19 @@ def test_registered_and_exported():
     assert schema.startswith(
         "kreg::kda_prefill(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta"
     )
-    for piece in ("float? scale=None", "Tensor? initial_state=None", "float? gate_lower_bound=-5",
+    for piece in ("float? scale=None", "Tensor? initial_state=None", "float? gate_lower_bound=None",
                   "Tensor? cu_seqlens_cpu=None", "str state_layout=\"kv\"", "str? target=None",
                   "-> (Tensor, Tensor, Tensor)"):  # fmt: skip
         assert piece in schema, piece
     # no mutation, no aliasing of inputs
     args = torch.ops.kreg.kda_prefill.default._schema.arguments
     assert not any(a.alias_info for a in args)
+    # one default per option: the raw op's are kda_prefill's (a -5 bound here once made a
+    # caller of the op promise bounded gates without knowing it)
+    ref = inspect.signature(api.kda_prefill).parameters
+    for a in args:
+        if a.has_default_value() and a.name != "chunk_states_dtype":  # None there means fp32
+            assert a.default_value == ref[a.name].default, a.name
 
 
 def test_wrapper_mirrors_kda_prefill_keywords():

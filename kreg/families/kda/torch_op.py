@@ -179,7 +179,7 @@ def _kda_prefill_impl(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    gate_lower_bound: float | None = -5.0,
+    gate_lower_bound: float | None = None,
     cu_seqlens: torch.Tensor | None = None,
     cu_seqlens_cpu: torch.Tensor | None = None,
     A_log: torch.Tensor | None = None,
@@ -222,7 +222,7 @@ def _kda_prefill_impl(
 @_kda_prefill_impl.register_fake
 def _kda_prefill_fake(
     q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-    gate_lower_bound=-5.0, cu_seqlens=None, cu_seqlens_cpu=None, A_log=None, dt_bias=None,
+    gate_lower_bound=None, cu_seqlens=None, cu_seqlens_cpu=None, A_log=None, dt_bias=None,
     gate_activation="none", use_qk_l2norm=False, use_beta_sigmoid=False, state_layout="kv",
     output_chunk_states=False, algorithm="auto", allow_opt_in=False, target=None,
     max_seqlen=None, chunk_states_size=64, chunk_states_dtype=None,
