@@ -11,11 +11,10 @@ Exponentials are base 2 on log2-scaled gate sums. docs/kda/ALGORITHM.md derives 
 a chunk is split into sub-blocks of ``BS`` rows; across sub-blocks every factor has a
 non-positive exponent, anchored at the sub-block boundary; inside a sub-block the "block" anchor
 pairs exp(Gin_i) with exp(-Gin_j) (bounded gates only, a spec rule); the "safe" anchor (the
-default, any gate) halves the sub-block level by level, anchoring each pair at the boundary
-between its row and its column, so that no exponent is positive whatever the gates and the
-work does not depend on their values. Every exponent is a direct sum of the gates it spans, so
-no output depends on a later input, bit for bit, and a non-finite input cuts its chunk there
-instead of reaching earlier rows.
+default, any gate) does the same for every row whose span from its sub-block's start fits fp32
+and, only for rows that do not, halves the sub-block so that no exponent is positive. Every exponent is
+a direct sum of the gates it spans, so no output depends on a later input, bit for bit, and a
+non-finite input cuts its chunk there instead of reaching earlier rows.
 """
 
 import triton
@@ -39,6 +38,11 @@ GATE_ACT = {"none": GATE_NONE, "sigmoid_bound": GATE_SIGMOID_BOUND, "softplus": 
 # diagonal sub-block anchoring (constexpr ANCHOR; specs name them "block" and "safe")
 ANCHOR_BLOCK = tl.constexpr(0)
 ANCHOR_SAFE = tl.constexpr(1)
+# The split path's safe anchor in two kernels: the prep kernel runs the block anchor's code and
+# lists each chunk with a row past the span (its tiles there are scratch); the fixup kernel then
+# recomputes only the listed chunks with ANCHOR_SAFE. Same tiles bit for bit as ANCHOR_SAFE in
+# one kernel, without the tree's code (and its registers) in the kernel every chunk runs.
+ANCHOR_FLAG = tl.constexpr(2)
 ANCHORS = {"block": 0, "safe": 1}
 # The block anchor's widest exponent in log2 units (MAX_ANCHOR_NATS of the numeric rule):
 # exp2 of it and of its negative stay normal fp32, so no factor overflows or flushes.
@@ -153,11 +157,11 @@ def _chunk_tiles(
     (prefix sums from a boundary, suffix sums to one), never as a difference of two cumsums, so
     a huge gate or a -inf reset leaves the factors after it exact. Off-diagonal sub-blocks use
     the sub-block boundary as anchor (non-positive exponents on both sides). Diagonal
-    sub-blocks: ``ANCHOR_SAFE`` (any gate) takes every entry from ``_tree_diag``, whose
-    exponents are all non-positive direct sums, so the work is the same whatever the gates;
-    ``ANCHOR_BLOCK`` (a promised bound) pairs exp(Gin_i) with exp(-Gin_j) in one product,
-    exact while row i's span Gin_i from its sub-block's start stays within MAX_SPAN_LOG2, and
-    poisons a row past it: never silently wrong. Both are causal, bit for bit.
+    sub-blocks pair exp(Gin_i) with exp(-Gin_j) in one product, exact while row i's span Gin_i
+    from its sub-block's start stays within MAX_SPAN_LOG2 (so does every j <= i). A row past
+    it gets, with ``ANCHOR_SAFE``, its entries from ``_tree_diag`` (computed only in a chunk
+    that has such a row), and with ``ANCHOR_BLOCK`` (a promised bound) is poisoned: never
+    silently wrong. Which way a row goes depends on rows up to it only: causal, bit for bit.
 
     Containment: the first row ``f`` whose k, v, g or beta is not finite (or, with
     ``ANCHOR_BLOCK``, whose span leaves the bound) is where the chunk is cut: later rows enter
@@ -166,7 +170,9 @@ def _chunk_tiles(
 
     Returns (w, u, gq, aqk, gkt, dec) in fp32: w = -T diag(beta) (K*Gamma) (negated so the scan
     subtracts into its accumulator), u = T diag(beta) V, gq = scale Q*Gamma, aqk (causal, scaled),
-    gkt = (K * exp(G_C - G))^T laid out [K, C] so the scan needs no transpose, dec = exp(G_C).
+    gkt = (K * exp(G_C - G))^T laid out [K, C] so the scan needs no transpose, dec = exp(G_C);
+    then ``needs_tree``: whether a row is past the span (with ``ANCHOR_FLAG`` the tiles of such
+    a chunk are scratch, for the fixup kernel to recompute with ``ANCHOR_SAFE``).
     """
     NB: tl.constexpr = C // BS
     LOG2_BS: tl.constexpr = BS.bit_length() - 1
@@ -191,8 +197,9 @@ def _chunk_tiles(
     f = tl.min(tl.where(bad, rows, C))
     gl = tl.where((rows < f)[:, None], gl, 0.0)
     gin = _seg_cumsum(gl, C, K, BS, False)  # from the sub-block's start, inclusive
-    if ANCHOR == ANCHOR_BLOCK:  # cut at the first row the block anchor cannot take exactly
-        fits = tl.min(gin, axis=1) >= -MAX_SPAN_LOG2
+    fits = tl.min(gin, axis=1) >= -MAX_SPAN_LOG2  # the block anchor is exact for this row
+    needs_tree = tl.min(fits.to(tl.int32)) == 0
+    if ANCHOR == ANCHOR_BLOCK:
         f = tl.minimum(f, tl.min(tl.where(fits, C, rows)))
         gin = tl.where((rows < f)[:, None], gin, 0.0)
         gl = tl.where((rows < f)[:, None], gl, 0.0)
@@ -217,6 +224,21 @@ def _chunk_tiles(
     k3 = tl.reshape(k, (NB, BS, K))
     q3 = tl.reshape(q, (NB, BS, K))
     gin3 = tl.reshape(gin, (NB, BS, K))
+    # to the sub-block's end: the total less the prefix is within rounding of the direct sum
+    # while the whole sub-block fits the span; a sub-block that does not takes the direct sum
+    gout3 = tot[:, None, :] - gin3
+    a_t = tl.zeros((NB, BS, BS), dtype=tl.float32)
+    qk_t = tl.zeros((NB, BS, BS), dtype=tl.float32)
+    if ANCHOR == ANCHOR_SAFE:
+        if needs_tree:  # a row past the span: exact entries for it
+            g_next = _gates(g_ptr, alog_ptr, dtb_ptr, tok0 + 1, n - 1, hv, HV, lower_bound, K,
+                            C, GATE_ACT)  # fmt: skip  # suffixes exclude their own row's gate
+            gl_next = tl.where((rows + 1 < f)[:, None], g_next * LOG2E, 0.0)
+            a_t, qk_t = _tree_diag(k, q, gl, gl_next, C, K, BS, FP32_DOT)
+            last_of_block = ((rows + 1) % BS == 0)[:, None]
+            exact = _seg_cumsum(tl.where(last_of_block, 0.0, gl_next), C, K, BS, True)
+            block_fits = tl.min(tl.reshape(fits.to(tl.int32), (NB, BS)), axis=1) == 1
+            gout3 = tl.where(block_fits[:, None, None], gout3, tl.reshape(exact, (NB, BS, K)))
 
     # --- A and Aqk: diagonal sub-blocks batched, off-diagonal by row sub-block -----------------
     ri = tl.arange(0, BS)[None, :, None]
@@ -224,23 +246,13 @@ def _chunk_tiles(
     e_in = tl.exp2(gin3)  # exp(G_i - P_I) <= 1
     kl3 = k3 * e_in
     ql3 = q3 * e_in
+    kd3t = tl.permute(k3 * tl.exp2(-gin3), (0, 2, 1))  # >= 1; inf only where a row does not fit
+    a_diag = tl.dot(kl3, kd3t, input_precision=FP32_DOT)  # [NB, BS, BS]
+    qk_diag = tl.dot(ql3, kd3t, input_precision=FP32_DOT)
     if ANCHOR == ANCHOR_SAFE:
-        # suffixes exclude their own row's gate: the gates one row on (a reload, cached)
-        g_next = _gates(g_ptr, alog_ptr, dtb_ptr, tok0 + 1, n - 1, hv, HV, lower_bound, K, C,
-                        GATE_ACT)  # fmt: skip
-        gl_next = tl.where((rows + 1 < f)[:, None], g_next * LOG2E, 0.0)
-        a_diag, qk_diag = _tree_diag(k, q, gl, gl_next, C, K, BS, FP32_DOT)
-        # to the sub-block's end, G_end - G_j: a direct suffix sum
-        last_of_block = ((rows + 1) % BS == 0)[:, None]
-        gout3 = tl.reshape(_seg_cumsum(tl.where(last_of_block, 0.0, gl_next), C, K, BS, True),
-                           (NB, BS, K))  # fmt: skip
-    else:
-        kd3t = tl.permute(k3 * tl.exp2(-gin3), (0, 2, 1))  # >= 1, finite within the bound
-        a_diag = tl.dot(kl3, kd3t, input_precision=FP32_DOT)  # [NB, BS, BS]
-        qk_diag = tl.dot(ql3, kd3t, input_precision=FP32_DOT)
-        # to the sub-block's end: the total less the prefix, within rounding of the direct sum
-        # while the whole sub-block fits the span (the bound's promise)
-        gout3 = tot[:, None, :] - gin3
+        fit3 = tl.reshape(fits, (NB, BS))[:, :, None]
+        a_diag = tl.where(fit3, a_diag, a_t)
+        qk_diag = tl.where(fit3, qk_diag, qk_t)
     kr3 = k3 * tl.exp2(gout3)  # K exp(P_next(J) - G_j) <= 1
     e_before = tl.exp2(before)[:, None, :]  # exp(P_I)
     kg = tl.reshape(kl3 * e_before, (C, K))  # K * Gamma
@@ -307,7 +319,7 @@ def _chunk_tiles(
     # rows from the cut on: NaN outputs (gq only multiplies from the left) and a NaN state
     gq = tl.where(((rows >= f) & (rows < n))[:, None], float("nan"), gq)
     dec = tl.where(f < n, float("nan"), dec)
-    return w, u, gq, aqk, tl.trans(gk), dec
+    return w, u, gq, aqk, tl.trans(gk), dec, needs_tree
 
 
 @triton.jit
@@ -459,7 +471,7 @@ def _recurrence(
         tok0 = tok_start + (c - c0) * C
         n = tl.minimum(tok_end - tok0, C)
         if FUSED:
-            w, u, gq, aqk, gkt, dec = _chunk_tiles(
+            w, u, gq, aqk, gkt, dec, _ = _chunk_tiles(
                 q, k, v, g, beta, alog, dtb, tok0, n, h, hv, H, HV, scale, lower_bound,
                 K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
             )  # fmt: skip
@@ -515,14 +527,18 @@ def _ballast(x, BALLAST: tl.constexpr):
 def kda_chunk_prep_kernel(
     q, k, v, g, beta, alog, dtb,
     w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
-    chunk_seq, seq_chunk, cu_seqlens,
+    chunk_seq, seq_chunk, cu_seqlens, fix_list, fix_count,
     T, H, HV, scale, lower_bound,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, VARLEN: tl.constexpr,
-    LOOPED: tl.constexpr = False, BALLAST: tl.constexpr = 0, ANCHOR: tl.constexpr = ANCHOR_SAFE,
+    LOOPED: tl.constexpr = False, BALLAST: tl.constexpr = 0, ANCHOR: tl.constexpr = ANCHOR_FLAG,
 ):  # fmt: skip
     """Split path, first kernel: the tiles of one chunk x value head, stored chunk-major.
+
+    With ``ANCHOR_FLAG`` (the split path's safe anchor) a chunk that needs the tree appends
+    ``c * HV + hv`` to ``fix_list`` (``fix_count`` counts them; zero before the launch) for
+    ``kda_chunk_fixup_kernel``.
 
     Case-study probes (off by default): ``LOOPED`` makes each program walk all chunks of one
     (sequence, value head) in order, as the fused kernel does, still writing tiles to memory;
@@ -536,36 +552,68 @@ def kda_chunk_prep_kernel(
         for c in tl.range(c0, c1):
             tok0 = tok_start + (c - c0) * C
             _prep_chunk(
-                q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, tok0,
-                tl.minimum(tok_end - tok0, C), h, hv, H, HV, scale, lower_bound,
-                K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR,
+                q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, fix_list,
+                fix_count, c, tok0, tl.minimum(tok_end - tok0, C), h, hv, H, HV, scale,
+                lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR,
             )  # fmt: skip
     else:
         c = tl.program_id(0)
         tok0, n = _chunk_of(c, T, chunk_seq, seq_chunk, cu_seqlens, C, VARLEN)
         _prep_chunk(
-            q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, tok0, n,
-            h, hv, H, HV, scale, lower_bound,
+            q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, fix_list,
+            fix_count, c, tok0, n, h, hv, H, HV, scale, lower_bound,
             K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR,
         )  # fmt: skip
 
 
 @triton.jit
+def kda_chunk_fixup_kernel(
+    q, k, v, g, beta, alog, dtb,
+    w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
+    chunk_seq, seq_chunk, cu_seqlens, fix_list, fix_count,
+    T, H, HV, scale, lower_bound,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
+    GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
+    FP32_DOT: tl.constexpr, VARLEN: tl.constexpr,
+):  # fmt: skip
+    """Split path, safe anchor: recompute with ``ANCHOR_SAFE`` the chunks the prep kernel listed.
+
+    A fixed grid whose programs stride over the list (its length is on the device only). Each
+    chunk is recomputed whole and independently, so the list's order (atomics) does not matter:
+    the tiles are bitwise the same run to run.
+    """
+    count = tl.load(fix_count)
+    for i in tl.range(tl.program_id(0), count, tl.num_programs(0)):
+        item = tl.load(fix_list + i)
+        c = item // HV
+        hv = item % HV
+        tok0, n = _chunk_of(c, T, chunk_seq, seq_chunk, cu_seqlens, C, VARLEN)
+        _prep_chunk(
+            q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, fix_list,
+            fix_count, c, tok0, n, hv // (HV // H), hv, H, HV, scale, lower_bound,
+            K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, 0, ANCHOR_SAFE,
+        )  # fmt: skip
+
+
+@triton.jit
 def _prep_chunk(
-    q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
+    q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, fix_list, fix_count,
     c, tok0, n, h, hv, H, HV, scale, lower_bound,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, BALLAST: tl.constexpr, ANCHOR: tl.constexpr,
 ):  # fmt: skip
     if n > 0:
-        w, u, gq, aqk, gkt, dec = _chunk_tiles(
+        w, u, gq, aqk, gkt, dec, needs_tree = _chunk_tiles(
             q, k, v, g, beta, alog, dtb, tok0, n, h, hv, H, HV, scale, lower_bound,
             K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
         )  # fmt: skip
         dec = _ballast(dec, BALLAST)
         _store_tiles(w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, w, u, gq, aqk, gkt, dec,
                      K, V, C)  # fmt: skip
+        if ANCHOR == ANCHOR_FLAG:
+            if needs_tree:
+                tl.store(fix_list + tl.atomic_add(fix_count, 1), c * HV + hv)
 
 
 @triton.jit
