@@ -1144,7 +1144,7 @@ def plot_sweep(results: dict, path: Path) -> bool:
 
 def summary(results: dict) -> str:
     """A short text table: ms per case and implementation, and the ratio to the peer."""
-    from kreg.cli._util import table
+    from kreg.text import table
 
     names: list[str] = []
     for case in results.get("cases", []):

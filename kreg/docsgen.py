@@ -257,20 +257,6 @@ def dispatch_block(registry, family: Family, explain: Callable[[list[str]], str]
     )
 
 
-def _explain(argv: list[str]) -> str:
-    import contextlib
-    import io
-
-    from kreg.cli import main
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        rc = main(argv)
-    if rc:
-        raise RuntimeError(f"kreg {' '.join(argv)} exited {rc}")
-    return buf.getvalue()
-
-
 # --- pages --------------------------------------------------------------------------------------
 
 
@@ -316,7 +302,7 @@ def index_blocks(registry) -> dict[str, str]:
     return {"families": families_table(registry)}
 
 
-def family_blocks(registry, family: Family, explain=_explain) -> dict[str, str]:
+def family_blocks(registry, family: Family, explain) -> dict[str, str]:
     return {
         "problem": problem_block(family),
         "candidates": candidates_block(registry, family),
@@ -325,7 +311,7 @@ def family_blocks(registry, family: Family, explain=_explain) -> dict[str, str]:
     }
 
 
-def pages(registry, root: Path = ROOT, explain=_explain) -> list[tuple[Path, dict, str]]:
+def pages(registry, explain, root: Path = ROOT) -> list[tuple[Path, dict, str]]:
     """(path, generated blocks, template) of every generated page."""
     out = [(root / INDEX, index_blocks(registry), INDEX_TEMPLATE)]
     for family in registry.families.values():
@@ -356,10 +342,10 @@ def fill(text: str | None, blocks: dict[str, str], template: str) -> str:
     return text
 
 
-def stale(registry, root: Path = ROOT, explain=_explain) -> list[str]:
+def stale(registry, explain, root: Path = ROOT) -> list[str]:
     """One message per page that ``kreg docs --write`` would change."""
     out = []
-    for path, blocks, template in pages(registry, root, explain):
+    for path, blocks, template in pages(registry, explain, root):
         if not path.exists():
             out.append(f"{path.relative_to(root)} does not exist")
             continue
@@ -377,9 +363,9 @@ def stale(registry, root: Path = ROOT, explain=_explain) -> list[str]:
     return out
 
 
-def write(registry, root: Path = ROOT, explain=_explain) -> list[Path]:
+def write(registry, explain, root: Path = ROOT) -> list[Path]:
     written = []
-    for path, blocks, template in pages(registry, root, explain):
+    for path, blocks, template in pages(registry, explain, root):
         text = path.read_text() if path.exists() else None
         new = fill(text, blocks, template)
         if new != text:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kreg import docsgen
+from kreg.cli.docs_cmd import explain_output
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = (docsgen.INDEX, Path("docs/families/kda.md"))
@@ -31,7 +32,7 @@ def copy(tmp_path):
 
 
 def test_docs_are_fresh(reg):
-    assert docsgen.stale(reg, ROOT) == []
+    assert docsgen.stale(reg, explain_output, ROOT) == []
 
 
 def test_family_page_content(reg):
@@ -60,11 +61,11 @@ def test_stale_block_detected_and_rewritten_keeping_prose(reg, copy):
     edited = edited.replace("## Example", "## Example\n\nA hand-written note.", 1)
     assert edited != original
     page.write_text(edited)
-    assert docsgen.stale(reg, copy) == [
+    assert docsgen.stale(reg, explain_output, copy) == [
         "docs/families/kda.md: generated block(s) ['candidates'] are stale"
     ]
-    assert docsgen.write(reg, copy) == [page]
-    assert docsgen.stale(reg, copy) == []
+    assert docsgen.write(reg, explain_output, copy) == [page]
+    assert docsgen.stale(reg, explain_output, copy) == []
     assert page.read_text() == original.replace("## Example", "## Example\n\nA hand-written note.")
 
 
@@ -74,12 +75,12 @@ def test_missing_block_and_page_detected(reg, copy):
     start, end = text.index("<!-- generated: families -->"), text.index(docsgen.END)
     index.write_text(text[:start] + "| hand-made table |" + text[end + len(docsgen.END) :])
     (copy / "docs/families/kda.md").unlink()
-    assert docsgen.stale(reg, copy) == [
+    assert docsgen.stale(reg, explain_output, copy) == [
         "docs/index.md lacks the generated block(s) ['families']",
         "docs/families/kda.md does not exist",
     ]
-    docsgen.write(reg, copy)
-    assert docsgen.stale(reg, copy) == []
+    docsgen.write(reg, explain_output, copy)
+    assert docsgen.stale(reg, explain_output, copy) == []
     assert "| hand-made table |" in index.read_text()  # prose kept, block appended
     assert "## Dispatch default (generated)" in (copy / "docs/families/kda.md").read_text()
 

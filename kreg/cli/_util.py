@@ -9,7 +9,9 @@ from typing import Any
 
 import attrs
 
+from kreg.dispatch.words import spec_choice_in_words  # noqa: F401
 from kreg.registry.model import short_repr  # noqa: F401  (the CLI's reprs)
+from kreg.text import WIDTH, table, wrap  # noqa: F401  (the CLI's text helpers)
 
 
 class CliError(Exception):
@@ -71,29 +73,6 @@ def problem_from_options(family, options: dict[str, str]):
         return family.problem(options)
     except (ValueError, TypeError, KeyError) as e:
         raise CliError(f"bad problem options for {family.name}: {e}") from e
-
-
-def spec_choice_in_words(decided_by: str, target: str) -> str:
-    """How the ranker chose a spec (``Selection.decided_by``, kreg/dispatch/ranker.py), as a
-    sentence for someone who has not read the code; the detail stays in ``decided_by``."""
-    import re
-
-    if decided_by.startswith("tuning table entry"):
-        return "Its spec is the tuning table's entry for this shape class, chosen from GPU timings."
-    if decided_by.startswith("cost model"):
-        where = re.search(r"; ([^;]+?), (\d{4}-\d\d-\d\d), triton", decided_by)
-        ms = re.search(r"predicted ([\d.e+-]+) ms, lowest of (\d+) modelled", decided_by)
-        return (f"A cost model fitted to GPU timings{f' ({where[1]}, {where[2]})' if where else ''}"
-                f" predicts its spec to be the fastest"
-                f"{f' of the {ms[2]} it models ({ms[1]} ms)' if ms else ''}.")  # fmt: skip
-    if decided_by.startswith("heuristic cost"):
-        n = re.search(r"lowest of (\d+) valid", decided_by)
-        valid = f" of the {n[1]} valid ones" if n else ""
-        return (f"No tuning entry or cost model covers this case on {target}, so a rough estimate "
-                f"(not a timing) ranks its spec the cheapest{valid}.")  # fmt: skip
-    if decided_by.startswith("priority"):
-        return "Its spec is the first valid one: the family ranks its specs by no cost."
-    return f"Its spec was chosen by: {decided_by}."
 
 
 def problem_options_help() -> str:
@@ -243,38 +222,3 @@ def jsonable_leaf(v: Any) -> Any:
 
 def dump_json(data: Any) -> str:
     return json.dumps(data, indent=2, default=str)
-
-
-WIDTH = 100  # columns every table and message of the CLI fits in
-_MIN_COLUMN = 12
-
-
-def wrap(text: str, width: int = WIDTH, indent: str = "") -> str:
-    """``text`` wrapped at word boundaries to ``width`` columns, later lines indented."""
-    import textwrap
-
-    return "\n".join(textwrap.wrap(text, width, subsequent_indent=indent,
-                                    break_on_hyphens=False)) or text  # fmt: skip
-
-
-def table(rows: list[list[Any]], header: list[str], indent: str = "", width: int = WIDTH) -> str:
-    """A plain left-aligned text table within ``width`` columns: while it is wider, the widest
-    column narrows by one and its cells wrap onto continuation lines."""
-    import textwrap
-
-    cells = [[str(c) for c in row] for row in [header, *rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    while len(indent) + sum(widths) + 2 * (len(widths) - 1) > width:
-        i = max(range(len(widths)), key=lambda j: (widths[j], j))
-        if widths[i] <= _MIN_COLUMN:
-            break  # nothing narrower is readable: let it overflow
-        widths[i] -= 1
-    lines = []
-    for r in cells:
-        wrapped = [textwrap.wrap(c, w, break_on_hyphens=False) or [""]
-                   for c, w in zip(r, widths, strict=True)]  # fmt: skip
-        for k in range(max(map(len, wrapped))):
-            parts = [(col[k] if k < len(col) else "").ljust(w)
-                     for col, w in zip(wrapped, widths, strict=True)]  # fmt: skip
-            lines.append((indent + "  ".join(parts)).rstrip())
-    return "\n".join(lines)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from kreg.dispatch.words import summary
+
 from ._util import (
     CliError,
     dump_json,
@@ -16,7 +18,6 @@ from ._util import (
     problem_from_options,
     problem_options_help,
     short_repr,
-    spec_choice_in_words,
     table,
     wrap,
 )
@@ -85,30 +86,6 @@ def as_json(family, problem, args, sel) -> dict:
         "trace": [jsonable(e) for e in sel.trace],
         **({"bucket": jsonable(problem.bucket())} if hasattr(problem, "bucket") else {}),
     }
-
-
-def summary(sel, algorithm: str = "auto") -> str:
-    """The selection in plain words: which candidate, why its spec, why not the others."""
-    chosen = sel.candidate.name
-    pinned = " (as --algorithm asked)" if algorithm != "auto" else ""
-    text = (f"{chosen} serves this problem on {sel.target.name}{pinned}. "
-            f"{spec_choice_in_words(sel.decided_by, sel.target.name)}")  # fmt: skip
-    others = {e.candidate: "" for e in sel.trace if e.candidate != chosen}  # in trace order
-    for e in sel.trace:
-        if e.candidate == chosen or e.ok:
-            continue
-        if e.stage != "ranked":
-            others[e.candidate] = f"{e.candidate} cannot serve it (--verbose says why)"
-        elif e.reason.startswith("opt-in"):
-            others[e.candidate] = f"{e.candidate} is opt-in (--allow-opt-in lets it compete)"
-        elif "estimated cost" in e.reason:
-            others[e.candidate] = f"{e.candidate} could serve it too, at a higher estimated cost"
-        elif "by name" in e.reason:
-            others[e.candidate] = f"{e.candidate} ties with it and comes later by name"
-        else:
-            others[e.candidate] = f"{e.candidate} could serve it too, at a lower priority"
-    said = [why for why in others.values() if why]
-    return text + (" " + "; ".join(said) + "." if said else "")
 
 
 def as_text(problem, args, sel) -> str:

@@ -22,10 +22,10 @@ def main() -> int:
     import attrs
     import torch
 
-    from kreg.cli._util import wrap
-    from kreg.cli.explain_cmd import summary
+    from kreg.dispatch.words import summary
     from kreg.families.kda import api, oracles
     from kreg.families.kda.specs import bitwise_pair
+    from kreg.text import wrap
 
     from .plugin import select_kda
 
