@@ -37,6 +37,7 @@ import json
 import os
 import warnings
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -59,9 +60,13 @@ def clear_table() -> None:
     _models.clear()
 
 
-def _packaged(package: str):
-    """The files of a family's data package (None for a family that ships none)."""
-    return resources.files(package) if package else None
+def _packaged(family: Family, match) -> list:
+    """The files of the family's data package whose names ``match``, by name (none for a family
+    that ships no data)."""
+    if not family.data:
+        return []
+    return sorted((f for f in resources.files(family.data).iterdir() if match(f.name)),
+                  key=lambda f: f.name)  # fmt: skip
 
 
 def tuning_sections(family: Family) -> list[dict]:
@@ -70,25 +75,17 @@ def tuning_sections(family: Family) -> list[dict]:
     env = os.environ.get("KREG_TUNING")
     key = "" if env else family.data
     if key not in _sections:
-        if env:
-            data = _read(env, None, "tuning table")
-        else:
-            files = _packaged(family.data)
-            found = files is not None and files.joinpath("tuning.json").is_file()
-            data = _read(None, files.joinpath("tuning.json"), "tuning table") if found else None
-        _sections[key] = _load(data)
+        files = [Path(env)] if env else _packaged(family, lambda name: name == "tuning.json")
+        _sections[key] = _load(_read(files[0], "tuning table") if files else None)
     return _sections[key]
 
 
-def _read(path: str | None, packaged, what: str):
+def _read(source, what: str):
+    """The JSON of a file: a path, or a packaged file (``importlib.resources``)."""
     try:
-        if path:
-            with open(path) as f:
-                return json.load(f)
-        return json.loads(packaged.read_text())
+        return json.loads(source.read_text())
     except (OSError, ValueError) as e:
-        warnings.warn(f"{what} {path or packaged} unreadable, ignored: {e}", TuningWarning,
-                      stacklevel=3)  # fmt: skip
+        warnings.warn(f"{what} {source} unreadable, ignored: {e}", TuningWarning, stacklevel=3)
         return None
 
 
@@ -129,17 +126,12 @@ def model_sections(family: Family) -> list[tuple[str, dict]]:
     key = "" if env is not None else family.data
     if key not in _models:
         if env is not None:
-            sources = [(os.path.basename(p), p, None) for p in env.split(os.pathsep)
-                       if p and p != os.devnull]  # fmt: skip
+            files = [Path(p) for p in env.split(os.pathsep) if p and p != os.devnull]
         else:
-            files = _packaged(family.data)
-            found = [] if files is None else [f for f in files.iterdir()
-                                              if f.name.endswith("_model.json")]  # fmt: skip
-            sources = [(f.name, None, f) for f in sorted(found, key=lambda f: f.name)]
-        _models[key] = []
-        for name, path, packaged in sources:
-            data = _read(path, packaged, "cost model")
-            _models[key] += [(name, s) for s in _well_formed(data, f"cost model {name}", _model_ok)]
+            files = _packaged(family, lambda name: name.endswith("_model.json"))
+        _models[key] = [(f.name, s) for f in files
+                        for s in _well_formed(_read(f, "cost model"), f"cost model {f.name}",
+                                              _model_ok)]  # fmt: skip
     return _models[key]
 
 
