@@ -268,6 +268,14 @@ HOSTILE = {
     "family_name_chameleon": ('family="evil"', 'family=Chameleon("evil")', "must be a non-empty str"),
     "spec_types_not_types": ("spec_types=(EvilSpec,)", 'spec_types=("EvilSpec",)',
                              "spec_types must be classes"),
+    # a family's data package is read at selection: one that is not there, or is a module and
+    # not a package, would fail every selection of its problems
+    "data_missing": ("candidates=(FAST,))", 'candidates=(FAST,), data="kreg_t_no_such_pkg")',
+                     "data 'kreg_t_no_such_pkg' is not an importable package"),
+    "data_a_module": ("candidates=(FAST,))", 'candidates=(FAST,), data="attrs.validators")',
+                      "data 'attrs.validators' is not an importable package"),
+    "data_chameleon": ("candidates=(FAST,))", 'candidates=(FAST,), data=Chameleon("kreg"))',
+                       "data must be a non-empty str"),
 }  # fmt: skip
 
 

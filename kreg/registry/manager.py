@@ -21,6 +21,7 @@ import contextlib
 import difflib
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
 import io
 import os
@@ -403,6 +404,11 @@ def _check(reg: Registry, plugin: str, kind: type, obj: Any) -> None:
     elif kind is Family:
         if not inspect.isclass(obj.problem_type):
             bad(f"family {obj.name!r}: problem_type {obj.problem_type!r:.60} is not a class")
+        if type(obj.data) is not str or obj.data:  # read at selection: the package must exist
+            _plain_str(obj.data, f"family {obj.name!r}: data", bad)
+            if not _is_package(obj.data):
+                bad(f"family {obj.name!r}: data {obj.data!r} is not an importable package "
+                    f"(the package holding its tuning.json and *_model.json)")  # fmt: skip
         for c in obj.candidates:
             _check_candidate(reg, obj, c, bad)
         claim(reg.families, "family", obj.name, obj)
@@ -426,6 +432,14 @@ def _check(reg: Registry, plugin: str, kind: type, obj: Any) -> None:
         if obj.family not in reg.families:
             bad(f"scenario {obj.name!r} names unknown family {obj.family!r}")
         claim(reg.scenarios, "scenario", obj.name, obj)
+
+
+def _is_package(name: str) -> bool:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # a missing parent, or a relative or empty name
+        return False
+    return spec is not None and spec.submodule_search_locations is not None
 
 
 def _plain_str(value: Any, what: str, bad) -> None:
