@@ -306,15 +306,14 @@ def test_user_error_subprocess(kreg):
 
 
 def test_build_kda_leaves_out_kernels_the_spec_does_not_use(kreg):
-    """The README demo's build: kda.split's segment kernels exist only for segmented scans (the
-    fixup kernel only with the safe anchor, which the default unbounded problem takes)."""
+    """The README demo's build: kda.split's segment kernels exist only for segmented scans."""
     r = kreg("build", "kda", "--target", "sm90", "--json", KREG_PLUGINS="none")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["candidate"] == "kda.split"
     names = [k["kernel"] for k in data["kernels"]]
     assert data["spec"]["scan"]["segment_chunks"] == 0
-    assert names == ["prep", "prep_fixup", "scan"]
+    assert names == ["prep", "scan"]
     assert all(k["shared_bytes"] > 0 and k["registers"] > 0 for k in data["kernels"])
     r = kreg("build", "kda", "--target", "sm90", "--kernel", "segment_map", KREG_PLUGINS="none")
     assert r.returncode == 2

@@ -122,8 +122,6 @@ def test_launch_is_the_build(candidate, name, segments, launched, built):
                 "kda.fused": {"kda_chunk_fused_kernel"}}[candidate.name]  # fmt: skip
     if segments:
         expected |= {"kda_segment_map_kernel", "kda_segment_combine_kernel"}
-    if candidate is SPLIT and spec.tile.anchor == "safe":  # chunks past the block anchor's span
-        expected |= {"kda_chunk_fixup_kernel"}
     assert kinds == expected
 
 

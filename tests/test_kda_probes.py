@@ -9,7 +9,6 @@ from __future__ import annotations
 import attrs
 
 from kreg.families.kda.builders import (
-    build_kda_chunk_fixup,
     build_kda_chunk_fused,
     build_kda_chunk_prep,
 )
@@ -43,7 +42,7 @@ def test_scan_ablation_removes_exactly_the_scan_step_and_keeps_every_tile():
     scan = KdaScanSpec(64, 64, "fp16", 16, block_v=64, num_warps=4, num_stages=1)
     full = build_kda_chunk_fused(KdaChunkFusedSpec(TILE, scan), _target())
     ablated = build_kda_chunk_fused(KdaChunkFusedSpec(TILE, scan, ablate_scan=True), _target())
-    # the split path's kernel with the same (safe-anchor) tile phase: the fixup kernel
-    tiles = build_kda_chunk_fixup(TILE, _target())
+    # the split path's kernel with the same tile phase
+    tiles = build_kda_chunk_prep(TILE, _target())
     assert _dots(full) - _dots(ablated) == 4  # v_new, o (two), the state update
     assert _dots(ablated) == _dots(tiles)  # the whole tile phase is still there

@@ -23,7 +23,6 @@ import pytest
 from kreg.dispatch import NoCandidateError, select
 from kreg.families.kda import specs as S
 from kreg.families.kda.builders import (
-    build_kda_chunk_fixup,
     build_kda_chunk_fused,
     build_kda_chunk_prep,
     build_kda_chunk_scan,
@@ -369,13 +368,11 @@ def test_dispatcher_defaults():
 
 _BUILDERS = {
     "prep": build_kda_chunk_prep,
-    "prep_fixup": build_kda_chunk_fixup,
     "scan": build_kda_chunk_scan,
     "fused": build_kda_chunk_fused,
 }
 _KERNEL_NAMES = {
     "prep": "kda_chunk_prep_kernel",
-    "prep_fixup": "kda_chunk_fixup_kernel",
     "scan": "kda_chunk_scan_kernel",
     "fused": "kda_chunk_fused_kernel",
     "segment_map": "kda_segment_map_kernel",
@@ -407,12 +404,8 @@ def test_builders_compile_the_dispatch_choice(target):
     assert split.candidate is SPLIT
     for kernel, build in SPLIT.builders.items():
         art = build(split.spec, t)
-        if art is None:  # a kernel the spec does not use: the segment passes without segments,
-            # the fixup kernel with the block anchor
-            if kernel == "prep_fixup":
-                assert split.spec.tile.anchor == "block"
-            else:
-                assert kernel.startswith("segment_") and not split.spec.scan.segment_chunks
+        if art is None:  # a kernel the spec does not use: the segment passes without segments
+            assert kernel.startswith("segment_") and not split.spec.scan.segment_chunks
             continue
         _check_artifact(art, t, kernel)
         scan = split.spec.scan
@@ -439,8 +432,7 @@ def _kernel_specs():
         fused = [s for s in FUSED.enumerate_specs(target) if FUSED.is_valid(s, target)]
         scans = [s.scan for s in splits]
         segmented = [s for s in scans if s.segment_chunks]
-        fixups = [s.tile for s in splits if s.tile.anchor == "safe"]
-        groups = (("prep", [s.tile for s in splits]), ("prep_fixup", fixups), ("scan", scans),
+        groups = (("prep", [s.tile for s in splits]), ("scan", scans),
                   ("fused", fused),
                   ("segment_map", segmented), ("segment_combine", segmented))  # fmt: skip
         for kernel, items in groups:
@@ -450,7 +442,7 @@ def _kernel_specs():
 
 
 def _in_default_subset(target: str, kernel: str, spec) -> bool:
-    if kernel in ("prep", "prep_fixup", "fused"):
+    if kernel in ("prep", "fused"):
         return (spec.tile if kernel == "fused" else spec).solve_block == 16
     return True
 
@@ -458,7 +450,7 @@ def _in_default_subset(target: str, kernel: str, spec) -> bool:
 def _label(target, kernel, spec):
     t = spec.tile if kernel == "fused" else spec
     text = f"{target}-{kernel}-d{t.head_dim_k}-c{t.chunk}"
-    if kernel in ("prep", "prep_fixup", "fused"):
+    if kernel in ("prep", "fused"):
         return f"{text}-bs{t.solve_block}-w{t.num_warps}-{t.fp32_dot}-{t.anchor}"
     return f"{text}-bv{spec.block_v}-w{spec.num_warps}-st{spec.num_stages}-seg{spec.segment_chunks}"
 

@@ -524,7 +524,7 @@ def test_production_argument_set():
 def test_unbounded_softplus_gates_take_the_safe_anchor(fused):
     """Unbounded (softplus) gates: the dispatcher specialises to anchor='safe', and the result
     matches both oracles, with decays far past what a sub-block anchor survives (single steps
-    below -10 nats: the safe anchor's tree rows)."""
+    below -10 nats: no sub-block anchor survives them)."""
     x = make(T=70, K=32, V=32, H=1, HV=2, dtype=FP32, seed=24)
     x["g"] = 3 * torch.randn(x["g"].shape, generator=torch.Generator().manual_seed(6))
     A_log, dt_bias = _gate_params(2, 32)

@@ -148,7 +148,7 @@ def oracle(x: dict, **kw):
 # every valid (chunk, solve_block): solve_block divides chunk
 SHAPES = [(c, b) for c in (16, 32, 64) for b in (16, 32) if c % b == 0]
 # "block": gates within its bound; "safe": gates in [-5, 0); "safe_huge": the same with -1e4
-# gates at a few rows of the base and of the perturbations, so the safe path's tree runs
+# gates at a few rows of the base and of the perturbations (clamped, far past any span)
 VARIANTS = ("block", "safe", "safe_huge")
 
 
@@ -166,7 +166,7 @@ def _causality_case(chunk, solve_block, variant, seed):
     base_huge = noise_huge = ()
     if variant == "safe_huge":
         # base: a whole-row reset in chunk 0, half the channels of a row in chunk 1;
-        # perturbations: other rows, so both the base and the probe switch the tree on and off
+        # perturbations: other rows, before and after the base's
         base_huge = ((chunk // 2 + 1, slice(None)), (chunk + 5, slice(None, None, 2)))
         noise_huge = ((3, slice(1, None, 2)), (chunk + chunk // 2, slice(None)), (T - 2, slice(None)))  # fmt: skip
     base = make(1, T, lb=lb, seed=seed, huge_rows=base_huge)
@@ -204,7 +204,7 @@ def test_causality_at_every_position_split(chunk, solve_block, variant):
 @pytest.mark.parametrize("solve_block", [16, 32])
 def test_causality_at_every_position_fused(solve_block, variant):
     """The fused kernel computes the same tiles (``_chunk_tiles``) inside its recurrence: chunk
-    32, both anchors (the safe one with its tree, on the chunks that have -1e4 gates)."""
+    32, both anchors (the safe one on chunks with -1e4 gates too)."""
     _check_causality(32, solve_block, variant, fused=True, seed=100 + solve_block)
 
 

@@ -28,7 +28,6 @@ from .specs import KdaChunkFusedSpec, KdaScanSpec, KdaTileSpec
 
 _SCALARS = {"T": "i32", "H": "i32", "HV": "i32", "scale": "fp32", "lower_bound": "fp32"}
 _TABLES = {"chunk_seq": "*i32", "seq_chunk": "*i32", "cu_seqlens": "*i64"}
-_FIXUP = {"fix_list": "*i32", "fix_count": "*i32"}
 
 
 def _inputs(dtype: str) -> dict[str, str]:
@@ -87,18 +86,7 @@ class KernelLaunch:
 def prep_launch(spec: KdaTileSpec) -> KernelLaunch:
     constexprs = _tile_constexprs(spec) | {"VARLEN": spec.varlen}
     constexprs |= {"LOOPED": spec.looped, "BALLAST": spec.ballast_bytes}
-    if spec.anchor == "safe":  # the block anchor's code here, the tree in the fixup kernel
-        constexprs["ANCHOR"] = kernels.ANCHOR_FLAG.value
     return KernelLaunch(kernels.kda_chunk_prep_kernel, constexprs, spec.num_warps, 1)
-
-
-def fixup_launch(spec: KdaTileSpec) -> KernelLaunch | None:
-    """The safe anchor's second prep kernel (None for the block anchor)."""
-    if spec.anchor != "safe":
-        return None
-    constexprs = _tile_constexprs(spec) | {"VARLEN": spec.varlen}
-    del constexprs["ANCHOR"]  # always ANCHOR_SAFE
-    return KernelLaunch(kernels.kda_chunk_fixup_kernel, constexprs, spec.num_warps, 1)
 
 
 def scan_launch(spec: KdaScanSpec) -> KernelLaunch:
@@ -142,22 +130,9 @@ def _compile(lc: KernelLaunch, signature: dict, target: Target, values: dict) ->
 def build_kda_chunk_prep(
     spec: KdaTileSpec, target: Target, shape: LaunchShape = REPRESENTATIVE
 ) -> Artifact:
-    signature = _inputs(spec.dtype) | _tiles(spec.dtype) | _TABLES | _FIXUP | _SCALARS
+    signature = _inputs(spec.dtype) | _tiles(spec.dtype) | _TABLES | _SCALARS
     values = _launch_values(signature, tile_scalars_of(shape), tile_absent(spec))
     return _compile(prep_launch(spec), signature, target, values)
-
-
-@functools.cache
-def build_kda_chunk_fixup(
-    spec: KdaTileSpec, target: Target, shape: LaunchShape = REPRESENTATIVE
-) -> Artifact | None:
-    """The safe anchor's fixup kernel (None for the block anchor)."""
-    lc = fixup_launch(spec)
-    if lc is None:
-        return None
-    signature = _inputs(spec.dtype) | _tiles(spec.dtype) | _TABLES | _FIXUP | _SCALARS
-    values = _launch_values(signature, tile_scalars_of(shape), tile_absent(spec))
-    return _compile(lc, signature, target, values)
 
 
 @functools.cache

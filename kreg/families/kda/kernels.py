@@ -9,12 +9,12 @@ memory in the same dtype the fused path rounds them to, so the paths agree bit f
 
 Exponentials are base 2 on log2-scaled gate sums. docs/kda/ALGORITHM.md derives the anchoring:
 a chunk is split into sub-blocks of ``BS`` rows; across sub-blocks every factor has a
-non-positive exponent, anchored at the sub-block boundary; inside a sub-block the "block" anchor
-pairs exp(Gin_i) with exp(-Gin_j) (bounded gates only, a spec rule); the "safe" anchor (the
-default, any gate) does the same for every row whose span from its sub-block's start fits fp32
-and, only for rows that do not, halves the sub-block so that no exponent is positive. Every exponent is
-a direct sum of the gates it spans, so no output depends on a later input, bit for bit, and a
-non-finite input cuts its chunk there instead of reaching earlier rows.
+non-positive exponent, anchored at the sub-block boundary. Inside a sub-block the "block" anchor
+pairs exp(Gin_i) with exp(-Gin_j) in two dots (bounded gates only, a spec rule); the "safe"
+anchor (the default, any gate in [-inf, 0]) forms every factor exp(G_i - G_j) pair by pair from
+sums local to the sub-block, in every chunk, so its cost does not depend on the gate values.
+Every exponent is built from the gates up to its row only, so no output depends on a later
+input, bit for bit, and a non-finite input cuts its chunk there instead of reaching earlier rows.
 """
 
 import triton
@@ -38,15 +38,21 @@ GATE_ACT = {"none": GATE_NONE, "sigmoid_bound": GATE_SIGMOID_BOUND, "softplus": 
 # diagonal sub-block anchoring (constexpr ANCHOR; specs name them "block" and "safe")
 ANCHOR_BLOCK = tl.constexpr(0)
 ANCHOR_SAFE = tl.constexpr(1)
-# The split path's safe anchor in two kernels: the prep kernel runs the block anchor's code and
-# lists each chunk with a row past the span (its tiles there are scratch); the fixup kernel then
-# recomputes only the listed chunks with ANCHOR_SAFE. Same tiles bit for bit as ANCHOR_SAFE in
-# one kernel, without the tree's code (and its registers) in the kernel every chunk runs.
-ANCHOR_FLAG = tl.constexpr(2)
 ANCHORS = {"block": 0, "safe": 1}
 # The block anchor's widest exponent in log2 units (MAX_ANCHOR_NATS of the numeric rule):
 # exp2 of it and of its negative stay normal fp32, so no factor overflows or flushes.
 MAX_SPAN_LOG2 = tl.constexpr(MAX_ANCHOR_NATS * 1.4426950408889634)
+# exp2 below -126 leaves fp32's normal range: a gate under -FLUSH_LOG2 decays every product
+# spanning it to (flushed) zero, so the pairwise diagonal may clamp it there.
+FLUSH_LOG2 = tl.constexpr(127.0)
+
+
+@triton.constexpr_function
+def PAIR_CHANNELS(K):
+    """Channels per step of the pairwise diagonal: K halved while even and above 16."""
+    while K > 16 and K % 2 == 0:
+        K //= 2
+    return K
 
 
 @triton.jit
@@ -76,13 +82,15 @@ def _seg_cumsum(x, R: tl.constexpr, N: tl.constexpr, S: tl.constexpr, REVERSE: t
 
 @triton.jit
 def _gates(g_ptr, alog_ptr, dtb_ptr, row0, nrows, hv, HV, lower_bound,
-           K: tl.constexpr, C: tl.constexpr, GATE_ACT: tl.constexpr):  # fmt: skip
-    """[C, K] log-decays (natural log) of the token rows from ``row0``, activated; 0 past
-    ``nrows``."""
-    g = _rows(g_ptr + hv * K, row0, nrows, HV * K, K, C)
+           K: tl.constexpr, C: tl.constexpr, GATE_ACT: tl.constexpr,
+           col0=0, COLS: tl.constexpr = None):  # fmt: skip
+    """[C, COLS] log-decays (natural log) of the token rows from ``row0``, channels from
+    ``col0`` (all K by default), activated; 0 past ``nrows``."""
+    NC: tl.constexpr = K if COLS is None else COLS
+    g = _rows(g_ptr + hv * K + col0, row0, nrows, HV * K, NC, C)
     if GATE_ACT != 0:
         a = tl.exp(tl.load(alog_ptr + hv))
-        x = g + tl.load(dtb_ptr + hv * K + tl.arange(0, K))[None, :]
+        x = g + tl.load(dtb_ptr + hv * K + col0 + tl.arange(0, NC))[None, :]
         if GATE_ACT == 1:
             g = lower_bound * tl.sigmoid(a * x)
         else:
@@ -99,48 +107,41 @@ def _nan_rows(x):
 
 
 @triton.jit
-def _tree_level(k, q, gl, gl_next, C: tl.constexpr, K: tl.constexpr, BS: tl.constexpr,
-                HW: tl.constexpr, FP32_DOT: tl.constexpr):  # fmt: skip
-    """One level of the tree anchor: the (A, Aqk) entries of the diagonal sub-blocks whose row i
-    and column j lie on either side of a boundary every HW rows (i in the odd segment, j in the
-    even one before it), as [NB, BS, BS], zero elsewhere. The boundary anchors both factors:
-    exp(G_i - G_b) and exp(G_b - G_j), each a direct sum of non-positive gates."""
+def _pair_diag(
+    q_ptr, k_ptr, g_ptr, alog_ptr, dtb_ptr, tok0, n, f, h, hv, H, HV, lower_bound, k_inv, q_inv,
+    K: tl.constexpr, C: tl.constexpr, BS: tl.constexpr, GATE_ACT: tl.constexpr,
+):  # fmt: skip
+    """The diagonal sub-blocks of A and Aqk ([NB, BS, BS], every entry j <= i), pair by pair:
+    each factor exp(G_i - G_j) is exp2 of a non-positive difference of cumsums local to the
+    sub-block, so nothing overflows whatever the gates. A gate below -FLUSH_LOG2 is clamped
+    there first: any factor spanning it is below fp32's normal range either way, and the clamp
+    bounds the local sums (and their rounding); -inf resets need no case of their own. Every
+    entry is built from the gates up to its row only: causal by construction.
+
+    Channels are taken KS at a time, reloaded from memory (cache hits; rows scaled by
+    ``k_inv`` / ``q_inv``, cut at row ``f``) so that the [NB, BS, BS, KS] pairwise tile and not
+    the whole chunk is live in the loop."""
     NB: tl.constexpr = C // BS
+    KS: tl.constexpr = PAIR_CHANNELS(K)
     rows = tl.arange(0, C)
-    upper = ((rows // HW) % 2 == 1)[:, None]  # rows after a boundary
-    lexp = _seg_cumsum(gl, C, K, HW, False)  # G_i - G_b
-    rexp = _seg_cumsum(tl.where(((rows + 1) % HW == 0)[:, None], 0.0, gl_next), C, K, HW, True)
-    e = tl.exp2(tl.where(upper, lexp, rexp))
-    kx = k * e
-    left = tl.reshape(tl.where(upper, kx, 0.0), (NB, BS, K))
-    qleft = tl.reshape(tl.where(upper, q * e, 0.0), (NB, BS, K))
-    right = tl.permute(tl.reshape(tl.where(upper, 0.0, kx), (NB, BS, K)), (0, 2, 1))
-    ri = tl.arange(0, BS)[None, :, None]
-    ci = tl.arange(0, BS)[None, None, :]
-    pair = ((ri // HW) % 2 == 1) & (ci // HW == ri // HW - 1)
-    a = tl.where(pair, tl.dot(left, right, input_precision=FP32_DOT), 0.0)
-    qk = tl.where(pair, tl.dot(qleft, right, input_precision=FP32_DOT), 0.0)
+    keep = (rows < f)[:, None]
+    ri = tl.arange(0, BS)[None, :, None, None]
+    ci = tl.arange(0, BS)[None, None, :, None]
+    a = tl.zeros((NB, BS, BS), dtype=tl.float32)
+    qk = tl.zeros((NB, BS, BS), dtype=tl.float32)
+    for c0 in tl.range(0, K, KS):
+        ks = tl.where(keep, _rows(k_ptr + h * K + c0, tok0, n, H * K, KS, C) * k_inv, 0.0)
+        qs = _rows(q_ptr + h * K + c0, tok0, n, H * K, KS, C) * q_inv
+        gs = _gates(g_ptr, alog_ptr, dtb_ptr, tok0, n, hv, HV, lower_bound, K, C, GATE_ACT,
+                    c0, KS)  # fmt: skip
+        gs = tl.where(keep, tl.maximum(gs * LOG2E, -FLUSH_LOG2), 0.0)
+        h3 = tl.cumsum(tl.reshape(gs, (NB, BS, KS)), axis=1)
+        k3 = tl.reshape(ks, (NB, BS, KS))
+        e = tl.exp2(tl.where(ri >= ci, h3[:, :, None, :] - h3[:, None, :, :], float("-inf")))
+        kje = k3[:, None, :, :] * e
+        a += tl.sum(k3[:, :, None, :] * kje, axis=3)
+        qk += tl.sum(tl.reshape(qs, (NB, BS, KS))[:, :, None, :] * kje, axis=3)
     return a, qk
-
-
-@triton.jit
-def _tree_diag(k, q, gl, gl_next, C: tl.constexpr, K: tl.constexpr, BS: tl.constexpr,
-               FP32_DOT: tl.constexpr):  # fmt: skip
-    """The diagonal sub-blocks of A (strictly lower part) and Aqk (with the diagonal) with no
-    positive exponent: log2(BS) levels of ``_tree_level``."""
-    NB: tl.constexpr = C // BS
-    LOG2_BS: tl.constexpr = BS.bit_length() - 1
-    ri = tl.arange(0, BS)[None, :, None]
-    ci = tl.arange(0, BS)[None, None, :]
-    k3 = tl.reshape(k, (NB, BS, K))
-    q3 = tl.reshape(q, (NB, BS, K))
-    a_diag = tl.zeros((NB, BS, BS), dtype=tl.float32)
-    qk_diag = tl.where(ri == ci, tl.sum(q3 * k3, axis=2)[:, :, None], 0.0)
-    for lvl in tl.static_range(LOG2_BS):
-        a_l, qk_l = _tree_level(k, q, gl, gl_next, C, K, BS, BS >> (lvl + 1), FP32_DOT)
-        a_diag += a_l
-        qk_diag += qk_l
-    return a_diag, qk_diag
 
 
 @triton.jit
@@ -153,15 +154,16 @@ def _chunk_tiles(
 ):  # fmt: skip
     """The six state-independent tiles of one chunk, for one value head.
 
-    Every decay factor exp(G_i - G_j) is formed from direct sums of the gates between j and i
-    (prefix sums from a boundary, suffix sums to one), never as a difference of two cumsums, so
-    a huge gate or a -inf reset leaves the factors after it exact. Off-diagonal sub-blocks use
-    the sub-block boundary as anchor (non-positive exponents on both sides). Diagonal
-    sub-blocks pair exp(Gin_i) with exp(-Gin_j) in one product, exact while row i's span Gin_i
-    from its sub-block's start stays within MAX_SPAN_LOG2 (so does every j <= i). A row past
-    it gets, with ``ANCHOR_SAFE``, its entries from ``_tree_diag`` (computed only in a chunk
-    that has such a row), and with ``ANCHOR_BLOCK`` (a promised bound) is poisoned: never
-    silently wrong. Which way a row goes depends on rows up to it only: causal, bit for bit.
+    Every decay factor exp(G_i - G_j) is formed from sums of the gates between j and i: direct
+    prefix and suffix sums from a sub-block boundary, and inside a sub-block (safe anchor) the
+    difference of two cumsums local to it, of gates clamped at -FLUSH_LOG2 (so no sum there
+    exceeds BS * FLUSH_LOG2); a huge gate or a -inf reset leaves the factors after it exact to
+    fp32 rounding. Off-diagonal sub-blocks use the sub-block boundary as anchor (non-positive
+    exponents on both sides). Diagonal
+    sub-blocks: with ``ANCHOR_SAFE`` pair by pair (``_pair_diag``), exact for any gate; with
+    ``ANCHOR_BLOCK`` (a promised bound) exp(Gin_i) and exp(-Gin_j) in one product, exact while
+    row i's span Gin_i from its sub-block's start stays within MAX_SPAN_LOG2, and a row past it
+    is poisoned: never silently wrong.
 
     Containment: the first row ``f`` whose k, v, g or beta is not finite (or, with
     ``ANCHOR_BLOCK``, whose span leaves the bound) is where the chunk is cut: later rows enter
@@ -170,9 +172,7 @@ def _chunk_tiles(
 
     Returns (w, u, gq, aqk, gkt, dec) in fp32: w = -T diag(beta) (K*Gamma) (negated so the scan
     subtracts into its accumulator), u = T diag(beta) V, gq = scale Q*Gamma, aqk (causal, scaled),
-    gkt = (K * exp(G_C - G))^T laid out [K, C] so the scan needs no transpose, dec = exp(G_C);
-    then ``needs_tree``: whether a row is past the span (with ``ANCHOR_FLAG`` the tiles of such
-    a chunk are scratch, for the fixup kernel to recompute with ``ANCHOR_SAFE``).
+    gkt = (K * exp(G_C - G))^T laid out [K, C] so the scan needs no transpose, dec = exp(G_C).
     """
     NB: tl.constexpr = C // BS
     LOG2_BS: tl.constexpr = BS.bit_length() - 1
@@ -181,31 +181,34 @@ def _chunk_tiles(
     # --- one load of each input, activations fused -------------------------------------------
     k = _rows(k_ptr + h * K, tok0, n, H * K, K, C)
     q = _rows(q_ptr + h * K, tok0, n, H * K, K, C)
-    v = _rows(v_ptr + hv * V, tok0, n, HV * V, V, C)
     gl = _gates(g_ptr, alog_ptr, dtb_ptr, tok0, n, hv, HV, lower_bound, K, C, GATE_ACT) * LOG2E
     beta = tl.load(beta_ptr + (tok0 + rows).to(tl.int64) * HV + hv, mask=rows < n, other=0.0)
     beta = beta.to(tl.float32)
+    k_inv = tl.full((C, 1), 1.0, dtype=tl.float32)  # row scales (the L2 norm's)
+    q_inv = tl.full((C, 1), 1.0, dtype=tl.float32)
     if QK_L2:
-        k = k * tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
-        q = q * tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
+        k_inv = tl.rsqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
+        q_inv = tl.rsqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
+        k = k * k_inv
+        q = q * q_inv
     if BETA_SIG:
         beta = tl.where(rows < n, tl.sigmoid(beta), 0.0)
 
     # --- containment: the first row the chunk cannot take ------------------------------------
     resets = tl.where(gl == float("-inf"), 0.0, gl)  # a -inf gate is a valid hard reset
-    bad = (_nan_rows(k + resets) + _nan_rows(v) + beta * 0.0) != 0.0  # NaN != 0
+    # v is read here for its non-finite rows and again at its one product (fewer live registers)
+    v_bad = _nan_rows(_rows(v_ptr + hv * V, tok0, n, HV * V, V, C))
+    bad = (_nan_rows(k + resets) + v_bad + beta * 0.0) != 0.0  # NaN != 0
     f = tl.min(tl.where(bad, rows, C))
     gl = tl.where((rows < f)[:, None], gl, 0.0)
     gin = _seg_cumsum(gl, C, K, BS, False)  # from the sub-block's start, inclusive
-    fits = tl.min(gin, axis=1) >= -MAX_SPAN_LOG2  # the block anchor is exact for this row
-    needs_tree = tl.min(fits.to(tl.int32)) == 0
-    if ANCHOR == ANCHOR_BLOCK:
+    if ANCHOR == ANCHOR_BLOCK:  # cut at the first row past the span (exact up to it)
+        fits = tl.min(gin, axis=1) >= -MAX_SPAN_LOG2
         f = tl.minimum(f, tl.min(tl.where(fits, C, rows)))
         gin = tl.where((rows < f)[:, None], gin, 0.0)
         gl = tl.where((rows < f)[:, None], gl, 0.0)
     ok = (rows < f)[:, None]
     k = tl.where(ok, k, 0.0)
-    v = tl.where(ok, v, 0.0)
     beta = tl.where(rows < f, beta, 0.0)
 
     # --- direct sums: sub-block prefixes and suffixes, sub-block totals ----------------------
@@ -224,36 +227,30 @@ def _chunk_tiles(
     k3 = tl.reshape(k, (NB, BS, K))
     q3 = tl.reshape(q, (NB, BS, K))
     gin3 = tl.reshape(gin, (NB, BS, K))
-    # to the sub-block's end: the total less the prefix is within rounding of the direct sum
-    # while the whole sub-block fits the span; a sub-block that does not takes the direct sum
-    gout3 = tot[:, None, :] - gin3
-    a_t = tl.zeros((NB, BS, BS), dtype=tl.float32)
-    qk_t = tl.zeros((NB, BS, BS), dtype=tl.float32)
-    if ANCHOR == ANCHOR_SAFE:
-        if needs_tree:  # a row past the span: exact entries for it
-            g_next = _gates(g_ptr, alog_ptr, dtb_ptr, tok0 + 1, n - 1, hv, HV, lower_bound, K,
-                            C, GATE_ACT)  # fmt: skip  # suffixes exclude their own row's gate
-            gl_next = tl.where((rows + 1 < f)[:, None], g_next * LOG2E, 0.0)
-            a_t, qk_t = _tree_diag(k, q, gl, gl_next, C, K, BS, FP32_DOT)
-            last_of_block = ((rows + 1) % BS == 0)[:, None]
-            exact = _seg_cumsum(tl.where(last_of_block, 0.0, gl_next), C, K, BS, True)
-            block_fits = tl.min(tl.reshape(fits.to(tl.int32), (NB, BS)), axis=1) == 1
-            gout3 = tl.where(block_fits[:, None, None], gout3, tl.reshape(exact, (NB, BS, K)))
 
-    # --- A and Aqk: diagonal sub-blocks batched, off-diagonal by row sub-block -----------------
-    ri = tl.arange(0, BS)[None, :, None]
-    ci = tl.arange(0, BS)[None, None, :]
+    # --- diagonal sub-blocks: pair by pair (safe), or the block anchor's two dots ------------
     e_in = tl.exp2(gin3)  # exp(G_i - P_I) <= 1
     kl3 = k3 * e_in
     ql3 = q3 * e_in
-    kd3t = tl.permute(k3 * tl.exp2(-gin3), (0, 2, 1))  # >= 1; inf only where a row does not fit
-    a_diag = tl.dot(kl3, kd3t, input_precision=FP32_DOT)  # [NB, BS, BS]
-    qk_diag = tl.dot(ql3, kd3t, input_precision=FP32_DOT)
     if ANCHOR == ANCHOR_SAFE:
-        fit3 = tl.reshape(fits, (NB, BS))[:, :, None]
-        a_diag = tl.where(fit3, a_diag, a_t)
-        qk_diag = tl.where(fit3, qk_diag, qk_t)
-    kr3 = k3 * tl.exp2(gout3)  # K exp(P_next(J) - G_j) <= 1
+        # the suffix to the sub-block's end from a direct reverse sum (of clamped gates, as
+        # the pairs take them), and the diagonal pair by pair
+        gsuf = tl.maximum(gl, -FLUSH_LOG2)
+        gsuf = tl.reshape(_seg_cumsum(gsuf, C, K, BS, True) - gsuf, (NB, BS, K))
+        kr3 = k3 * tl.exp2(tl.minimum(gsuf, 0.0))
+        a_diag, qk_diag = _pair_diag(
+            q_ptr, k_ptr, g_ptr, alog_ptr, dtb_ptr, tok0, n, f, h, hv, H, HV, lower_bound,
+            k_inv, q_inv, K, C, BS, GATE_ACT,
+        )  # fmt: skip
+    else:
+        kd3t = tl.permute(k3 * tl.exp2(-gin3), (0, 2, 1))  # >= 1; inf only past the span
+        a_diag = tl.dot(kl3, kd3t, input_precision=FP32_DOT)  # [NB, BS, BS]
+        qk_diag = tl.dot(ql3, kd3t, input_precision=FP32_DOT)
+        # to the sub-block's end: the total less the prefix, within rounding of the direct
+        # sum while the whole sub-block fits the span
+        kr3 = k3 * tl.exp2(tot[:, None, :] - gin3)  # K exp(P_next(J) - G_j) <= 1
+    ri = tl.arange(0, BS)[None, :, None]
+    ci = tl.arange(0, BS)[None, None, :]
     e_before = tl.exp2(before)[:, None, :]  # exp(P_I)
     kg = tl.reshape(kl3 * e_before, (C, K))  # K * Gamma
     gq = tl.reshape(ql3 * e_before, (C, K)) * scale
@@ -315,11 +312,12 @@ def _chunk_tiles(
     t = tl.reshape(t3, (C, C))
 
     w = -tl.dot(t, kg * beta[:, None], input_precision=FP32_DOT)
+    v = tl.where(ok, _rows(v_ptr + hv * V, tok0, n, HV * V, V, C), 0.0)
     u = tl.dot(t, v * beta[:, None], input_precision=FP32_DOT)
     # rows from the cut on: NaN outputs (gq only multiplies from the left) and a NaN state
     gq = tl.where(((rows >= f) & (rows < n))[:, None], float("nan"), gq)
     dec = tl.where(f < n, float("nan"), dec)
-    return w, u, gq, aqk, tl.trans(gk), dec, needs_tree
+    return w, u, gq, aqk, tl.trans(gk), dec
 
 
 @triton.jit
@@ -471,7 +469,7 @@ def _recurrence(
         tok0 = tok_start + (c - c0) * C
         n = tl.minimum(tok_end - tok0, C)
         if FUSED:
-            w, u, gq, aqk, gkt, dec, _ = _chunk_tiles(
+            w, u, gq, aqk, gkt, dec = _chunk_tiles(
                 q, k, v, g, beta, alog, dtb, tok0, n, h, hv, H, HV, scale, lower_bound,
                 K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
             )  # fmt: skip
@@ -527,18 +525,14 @@ def _ballast(x, BALLAST: tl.constexpr):
 def kda_chunk_prep_kernel(
     q, k, v, g, beta, alog, dtb,
     w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
-    chunk_seq, seq_chunk, cu_seqlens, fix_list, fix_count,
+    chunk_seq, seq_chunk, cu_seqlens,
     T, H, HV, scale, lower_bound,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
-    FP32_DOT: tl.constexpr, VARLEN: tl.constexpr,
-    LOOPED: tl.constexpr = False, BALLAST: tl.constexpr = 0, ANCHOR: tl.constexpr = ANCHOR_FLAG,
+    FP32_DOT: tl.constexpr, VARLEN: tl.constexpr, ANCHOR: tl.constexpr,
+    LOOPED: tl.constexpr = False, BALLAST: tl.constexpr = 0,
 ):  # fmt: skip
     """Split path, first kernel: the tiles of one chunk x value head, stored chunk-major.
-
-    With ``ANCHOR_FLAG`` (the split path's safe anchor) a chunk that needs the tree appends
-    ``c * HV + hv`` to ``fix_list`` (``fix_count`` counts them; zero before the launch) for
-    ``kda_chunk_fixup_kernel``.
 
     Case-study probes (off by default): ``LOOPED`` makes each program walk all chunks of one
     (sequence, value head) in order, as the fused kernel does, still writing tiles to memory;
@@ -552,68 +546,36 @@ def kda_chunk_prep_kernel(
         for c in tl.range(c0, c1):
             tok0 = tok_start + (c - c0) * C
             _prep_chunk(
-                q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, fix_list,
-                fix_count, c, tok0, tl.minimum(tok_end - tok0, C), h, hv, H, HV, scale,
+                q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
+                c, tok0, tl.minimum(tok_end - tok0, C), h, hv, H, HV, scale,
                 lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR,
             )  # fmt: skip
     else:
         c = tl.program_id(0)
         tok0, n = _chunk_of(c, T, chunk_seq, seq_chunk, cu_seqlens, C, VARLEN)
         _prep_chunk(
-            q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, fix_list,
-            fix_count, c, tok0, n, h, hv, H, HV, scale, lower_bound,
+            q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
+            c, tok0, n, h, hv, H, HV, scale, lower_bound,
             K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR,
         )  # fmt: skip
 
 
 @triton.jit
-def kda_chunk_fixup_kernel(
-    q, k, v, g, beta, alog, dtb,
-    w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
-    chunk_seq, seq_chunk, cu_seqlens, fix_list, fix_count,
-    T, H, HV, scale, lower_bound,
-    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
-    GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
-    FP32_DOT: tl.constexpr, VARLEN: tl.constexpr,
-):  # fmt: skip
-    """Split path, safe anchor: recompute with ``ANCHOR_SAFE`` the chunks the prep kernel listed.
-
-    A fixed grid whose programs stride over the list (its length is on the device only). Each
-    chunk is recomputed whole and independently, so the list's order (atomics) does not matter:
-    the tiles are bitwise the same run to run.
-    """
-    count = tl.load(fix_count)
-    for i in tl.range(tl.program_id(0), count, tl.num_programs(0)):
-        item = tl.load(fix_list + i)
-        c = item // HV
-        hv = item % HV
-        tok0, n = _chunk_of(c, T, chunk_seq, seq_chunk, cu_seqlens, C, VARLEN)
-        _prep_chunk(
-            q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, fix_list,
-            fix_count, c, tok0, n, hv // (HV // H), hv, H, HV, scale, lower_bound,
-            K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, 0, ANCHOR_SAFE,
-        )  # fmt: skip
-
-
-@triton.jit
 def _prep_chunk(
-    q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, fix_list, fix_count,
+    q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
     c, tok0, n, h, hv, H, HV, scale, lower_bound,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, BALLAST: tl.constexpr, ANCHOR: tl.constexpr,
 ):  # fmt: skip
     if n > 0:
-        w, u, gq, aqk, gkt, dec, needs_tree = _chunk_tiles(
+        w, u, gq, aqk, gkt, dec = _chunk_tiles(
             q, k, v, g, beta, alog, dtb, tok0, n, h, hv, H, HV, scale, lower_bound,
             K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
         )  # fmt: skip
         dec = _ballast(dec, BALLAST)
         _store_tiles(w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, w, u, gq, aqk, gkt, dec,
                      K, V, C)  # fmt: skip
-        if ANCHOR == ANCHOR_FLAG:
-            if needs_tree:
-                tl.store(fix_list + tl.atomic_add(fix_count, 1), c * HV + hv)
 
 
 @triton.jit

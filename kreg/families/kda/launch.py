@@ -12,7 +12,6 @@ import triton
 from . import plans
 from .builders import (
     KernelLaunch,
-    fixup_launch,
     fused_launch,
     prep_launch,
     scan_launch,
@@ -22,10 +21,6 @@ from .builders import (
 )
 from .recurrent import recurrent_launch, recurrent_scalars
 from .runtime_args import scan_scalars, tile_scalars
-
-# The fixup kernel's programs, striding over the listed chunks: enough to fill an H200 (132 SMs)
-# several times over when every chunk is listed; programs past the list's end exit at once.
-FIXUP_PROGRAMS = 1024
 
 
 @attrs.frozen
@@ -161,17 +156,9 @@ def run_prep(call: Call, tile, tables):
     aqk = torch.empty((nc, HV, C, C), dtype=dt, device=dev)
     gkt = torch.empty((nc, HV, K, C), dtype=dt, device=dev)
     dec = torch.empty((nc, HV, K), dtype=torch.float32, device=dev)
-    fixup = fixup_launch(tile)
-    fix_list = fix_count = None
-    if fixup is not None:  # the chunks the safe anchor recomputes: at most all of them
-        fix_list = torch.empty(nc * HV, dtype=torch.int32, device=dev)
-        fix_count = torch.zeros(1, dtype=torch.int32, device=dev)
-    args = (*_inputs(call), w, u, gq, aqk, gkt, dec, chunk_seq, seq_chunk, call.cu_seqlens,
-            fix_list, fix_count)  # fmt: skip
+    args = (*_inputs(call), w, u, gq, aqk, gkt, dec, chunk_seq, seq_chunk, call.cu_seqlens)
     _launch(prep_launch(tile), (_n_states(call) if tile.looped else nc, HV), *args,
             **_scalars(call))  # fmt: skip
-    if fixup is not None:
-        _launch(fixup, (max(1, min(nc * HV, FIXUP_PROGRAMS)),), *args, **_scalars(call))
     return w, u, gq, aqk, gkt, dec
 
 

@@ -15,7 +15,6 @@ from kreg.registry.model import Candidate, Family, Verdict
 
 from . import model, recurrent, specs
 from .builders import (
-    build_kda_chunk_fixup,
     build_kda_chunk_fused,
     build_kda_chunk_prep,
     build_kda_chunk_scan,
@@ -82,9 +81,8 @@ def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target
     programs = segments * per_seg
     waves = -(-programs // (2 * target.compute_units))
     width = scan.block_v / scan.head_dim_v  # the padded V the kernels run
-    # the safe anchor runs the block anchor's code on gates within its span: the same cost
+    # one cost for both anchors: the safe anchor's pairwise diagonal is in the tuning's timings
     units = waves * steps * (1.0 + width) + 0.01 * spec.tile.num_warps
-    fixup_us = recurrent.LAUNCH_US if spec.tile.anchor == "safe" else 0.0  # the fixup kernel
     # microseconds, as recurrent's, with the same state traffic; a pool's slots are gathered
     # into a buffer and scattered back (api._gather_slots): about two more passes, two launches
     pool_us = (
@@ -92,7 +90,7 @@ def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target
         if problem.state_pool
         else 0.0
     )
-    return (SPLIT_FIXED_US + fixup_us + SPLIT_UNIT_US * units + recurrent.state_traffic_us(problem)
+    return (SPLIT_FIXED_US + SPLIT_UNIT_US * units + recurrent.state_traffic_us(problem)
             + pool_us)  # fmt: skip
 
 
@@ -112,10 +110,6 @@ SPLIT = Candidate(
     # representative production problem without one (runtime_args.REPRESENTATIVE)
     builders={
         "prep": lambda spec, target, problem=None: build_kda_chunk_prep(
-            spec.tile, target, launch_shape(problem)
-        ),
-        # None unless the anchor is "safe": the chunks whose rows leave the block anchor's span
-        "prep_fixup": lambda spec, target, problem=None: build_kda_chunk_fixup(
             spec.tile, target, launch_shape(problem)
         ),
         "scan": lambda spec, target, problem=None: build_kda_chunk_scan(

@@ -70,11 +70,9 @@ def tile_scalars_of(shape: LaunchShape) -> dict:
 # Pointers a launch passes as None (launch.py gets them from the Call: absent options), per
 # kernel, as functions of the spec the kernel is built from.
 def tile_absent(tile) -> dict:
-    """Prep / fused inputs: the gate parameters without a gate activation, the fixup list
-    without the safe anchor, the chunk tables and offsets without varlen."""
+    """Prep / fused inputs: the gate parameters without a gate activation, the chunk tables
+    and offsets without varlen."""
     out = dict.fromkeys(("alog", "dtb")) if tile.gate_activation == "none" else {}
-    if tile.anchor != "safe":  # the fixup list of the split path's safe anchor
-        out |= dict.fromkeys(("fix_list", "fix_count"))
     return out | ({} if tile.varlen else dict.fromkeys(("chunk_seq", "seq_chunk", "cu_seqlens")))
 
 
