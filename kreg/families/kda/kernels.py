@@ -11,8 +11,9 @@ Exponentials are base 2 on log2-scaled gate sums. docs/kda/ALGORITHM.md derives 
 a chunk is split into sub-blocks of ``BS`` rows; across sub-blocks every factor has a
 non-positive exponent, anchored at the sub-block boundary. Inside a sub-block the "block" anchor
 pairs exp(Gin_i) with exp(-Gin_j) in two dots (bounded gates only, a spec rule); the "safe"
-anchor (the default, any gate in [-inf, 0]) forms every factor exp(G_i - G_j) pair by pair from
-sums local to the sub-block, in every chunk, so its cost does not depend on the gate values.
+anchor (the default, any gate in [-inf, 0]) does the same for every row whose span fits fp32
+and, for a row past it, forms each factor exp(G_i - G_j) pair by pair from sums local to the
+sub-block (computed only in a chunk that has such a row).
 Every exponent is built from the gates up to its row only, so no output depends on a later
 input, bit for bit, and a non-finite input cuts its chunk there instead of reaching earlier rows.
 """
@@ -160,10 +161,12 @@ def _chunk_tiles(
     exceeds BS * FLUSH_LOG2); a huge gate or a -inf reset leaves the factors after it exact to
     fp32 rounding. Off-diagonal sub-blocks use the sub-block boundary as anchor (non-positive
     exponents on both sides). Diagonal
-    sub-blocks: with ``ANCHOR_SAFE`` pair by pair (``_pair_diag``), exact for any gate; with
-    ``ANCHOR_BLOCK`` (a promised bound) exp(Gin_i) and exp(-Gin_j) in one product, exact while
-    row i's span Gin_i from its sub-block's start stays within MAX_SPAN_LOG2, and a row past it
-    is poisoned: never silently wrong.
+    sub-blocks pair exp(Gin_i) with exp(-Gin_j) in one product, exact while row i's span Gin_i
+    from its sub-block's start stays within MAX_SPAN_LOG2 (so does every j <= i). A row past it
+    gets, with ``ANCHOR_SAFE``, its entries pair by pair (``_pair_diag``, exact for any gate,
+    computed only in a chunk that has such a row), and with ``ANCHOR_BLOCK`` (a promised bound)
+    is poisoned: never silently wrong. Which way a row goes depends on rows up to it only:
+    causal, bit for bit.
 
     Containment: the first row ``f`` whose k, v, g or beta is not finite (or, with
     ``ANCHOR_BLOCK``, whose span leaves the bound) is where the chunk is cut: later rows enter
@@ -202,8 +205,8 @@ def _chunk_tiles(
     f = tl.min(tl.where(bad, rows, C))
     gl = tl.where((rows < f)[:, None], gl, 0.0)
     gin = _seg_cumsum(gl, C, K, BS, False)  # from the sub-block's start, inclusive
+    fits = tl.min(gin, axis=1) >= -MAX_SPAN_LOG2  # the block anchor is exact for this row
     if ANCHOR == ANCHOR_BLOCK:  # cut at the first row past the span (exact up to it)
-        fits = tl.min(gin, axis=1) >= -MAX_SPAN_LOG2
         f = tl.minimum(f, tl.min(tl.where(fits, C, rows)))
         gin = tl.where((rows < f)[:, None], gin, 0.0)
         gl = tl.where((rows < f)[:, None], gl, 0.0)
@@ -228,27 +231,32 @@ def _chunk_tiles(
     q3 = tl.reshape(q, (NB, BS, K))
     gin3 = tl.reshape(gin, (NB, BS, K))
 
-    # --- diagonal sub-blocks: pair by pair (safe), or the block anchor's two dots ------------
+    # --- diagonal sub-blocks: the block anchor's two dots, pair by pair past its span ------
     e_in = tl.exp2(gin3)  # exp(G_i - P_I) <= 1
     kl3 = k3 * e_in
     ql3 = q3 * e_in
+    kd3t = tl.permute(k3 * tl.exp2(-gin3), (0, 2, 1))  # >= 1; inf only where a row does not fit
+    a_diag = tl.dot(kl3, kd3t, input_precision=FP32_DOT)  # [NB, BS, BS]
+    qk_diag = tl.dot(ql3, kd3t, input_precision=FP32_DOT)
+    # to the sub-block's end: the total less the prefix, within rounding of the direct sum
+    # while the whole sub-block fits the span
+    kr3 = k3 * tl.exp2(tot[:, None, :] - gin3)  # K exp(P_next(J) - G_j) <= 1
     if ANCHOR == ANCHOR_SAFE:
-        # the suffix to the sub-block's end from a direct reverse sum (of clamped gates, as
-        # the pairs take them), and the diagonal pair by pair
-        gsuf = tl.maximum(gl, -FLUSH_LOG2)
-        gsuf = tl.reshape(_seg_cumsum(gsuf, C, K, BS, True) - gsuf, (NB, BS, K))
-        kr3 = k3 * tl.exp2(tl.minimum(gsuf, 0.0))
-        a_diag, qk_diag = _pair_diag(
-            q_ptr, k_ptr, g_ptr, alog_ptr, dtb_ptr, tok0, n, f, h, hv, H, HV, lower_bound,
-            k_inv, q_inv, K, C, BS, GATE_ACT,
-        )  # fmt: skip
-    else:
-        kd3t = tl.permute(k3 * tl.exp2(-gin3), (0, 2, 1))  # >= 1; inf only past the span
-        a_diag = tl.dot(kl3, kd3t, input_precision=FP32_DOT)  # [NB, BS, BS]
-        qk_diag = tl.dot(ql3, kd3t, input_precision=FP32_DOT)
-        # to the sub-block's end: the total less the prefix, within rounding of the direct
-        # sum while the whole sub-block fits the span
-        kr3 = k3 * tl.exp2(tot[:, None, :] - gin3)  # K exp(P_next(J) - G_j) <= 1
+        if tl.min(fits.to(tl.int32)) == 0:  # a row past the span (a program-uniform branch)
+            a_p, qk_p = _pair_diag(
+                q_ptr, k_ptr, g_ptr, alog_ptr, dtb_ptr, tok0, n, f, h, hv, H, HV, lower_bound,
+                k_inv, q_inv, K, C, BS, GATE_ACT,
+            )  # fmt: skip
+            # row by row (causal): a row that fits keeps the block anchor's entries
+            fit3 = tl.reshape(fits, (NB, BS))[:, :, None]
+            a_diag = tl.where(fit3, a_diag, a_p)
+            qk_diag = tl.where(fit3, qk_diag, qk_p)
+            # the suffix from a reverse local sum (of clamped gates, as the pairs take them)
+            # in a sub-block with a row past the span
+            gsuf = tl.maximum(gl, -FLUSH_LOG2)
+            gsuf = tl.reshape(_seg_cumsum(gsuf, C, K, BS, True) - gsuf, (NB, BS, K))
+            block_fits = tl.min(tl.reshape(fits.to(tl.int32), (NB, BS)), axis=1) == 1
+            kr3 = tl.where(block_fits[:, None, None], kr3, k3 * tl.exp2(tl.minimum(gsuf, 0.0)))
     ri = tl.arange(0, BS)[None, :, None]
     ci = tl.arange(0, BS)[None, None, :]
     e_before = tl.exp2(before)[:, None, :]  # exp(P_I)
