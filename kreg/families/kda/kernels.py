@@ -160,8 +160,8 @@ def _chunk_tiles(
     difference of two cumsums local to it, of gates clamped at -FLUSH_LOG2 (so no sum there
     exceeds BS * FLUSH_LOG2); a huge gate or a -inf reset leaves the factors after it exact to
     fp32 rounding. Off-diagonal sub-blocks use the sub-block boundary as anchor (non-positive
-    exponents on both sides). Diagonal
-    sub-blocks pair exp(Gin_i) with exp(-Gin_j) in one product, exact while row i's span Gin_i
+    exponents on both sides). The diagonal sub-blocks of the block anchor (and the safe
+    anchor's rows that fit) pair exp(Gin_i) with exp(-Gin_j) in one product, exact while Gin_i
     from its sub-block's start stays within MAX_SPAN_LOG2 (so does every j <= i). A row past it
     gets, with ``ANCHOR_SAFE``, its entries pair by pair (``_pair_diag``, exact for any gate,
     computed only in a chunk that has such a row), and with ``ANCHOR_BLOCK`` (a promised bound)
