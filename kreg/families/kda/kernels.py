@@ -50,8 +50,8 @@ FLUSH_LOG2 = tl.constexpr(127.0)
 
 @triton.constexpr_function
 def PAIR_CHANNELS(K):
-    """Channels per step of the pairwise diagonal: K halved while even and above 16."""
-    while K > 16 and K % 2 == 0:
+    """Channels per step of the pairwise diagonal: K halved while even and above 64."""
+    while K > 64 and K % 2 == 0:
         K //= 2
     return K
 
@@ -119,15 +119,17 @@ def _pair_diag(
     bounds the local sums (and their rounding); -inf resets need no case of their own. Every
     entry is built from the gates up to its row only: causal by construction.
 
-    Channels are taken KS at a time, reloaded from memory (cache hits; rows scaled by
-    ``k_inv`` / ``q_inv``, cut at row ``f``) so that the [NB, BS, BS, KS] pairwise tile and not
-    the whole chunk is live in the loop."""
+    Column by column: column j of every sub-block at once, from its row j picked out of the
+    [NB, BS, KS] tiles (an exact select), so that no tile is wider than the chunk's own rows
+    (a 4D pairwise tile costs layout conversions through shared memory). Channels are taken KS
+    at a time, reloaded from memory (cache hits; rows scaled by ``k_inv`` / ``q_inv``, cut at
+    row ``f``)."""
     NB: tl.constexpr = C // BS
     KS: tl.constexpr = PAIR_CHANNELS(K)
     rows = tl.arange(0, C)
     keep = (rows < f)[:, None]
-    ri = tl.arange(0, BS)[None, :, None, None]
-    ci = tl.arange(0, BS)[None, None, :, None]
+    ri = tl.arange(0, BS)[None, :, None]
+    ci = tl.arange(0, BS)[None, None, :]
     a = tl.zeros((NB, BS, BS), dtype=tl.float32)
     qk = tl.zeros((NB, BS, BS), dtype=tl.float32)
     for c0 in tl.range(0, K, KS):
@@ -138,10 +140,15 @@ def _pair_diag(
         gs = tl.where(keep, tl.maximum(gs * LOG2E, -FLUSH_LOG2), 0.0)
         h3 = tl.cumsum(tl.reshape(gs, (NB, BS, KS)), axis=1)
         k3 = tl.reshape(ks, (NB, BS, KS))
-        e = tl.exp2(tl.where(ri >= ci, h3[:, :, None, :] - h3[:, None, :, :], float("-inf")))
-        kje = k3[:, None, :, :] * e
-        a += tl.sum(k3[:, :, None, :] * kje, axis=3)
-        qk += tl.sum(tl.reshape(qs, (NB, BS, KS))[:, :, None, :] * kje, axis=3)
+        q3 = tl.reshape(qs, (NB, BS, KS))
+        for j in tl.range(0, BS):
+            at_j = ri == j
+            hj = tl.sum(tl.where(at_j, h3, 0.0), axis=1)[:, None, :]  # row j, exactly
+            kj = tl.sum(tl.where(at_j, k3, 0.0), axis=1)[:, None, :]
+            kje = kj * tl.exp2(tl.where(ri >= j, h3 - hj, float("-inf")))  # [NB, BS, KS]
+            col = ci == j
+            a = tl.where(col, a + tl.sum(k3 * kje, axis=2)[:, :, None], a)
+            qk = tl.where(col, qk + tl.sum(q3 * kje, axis=2)[:, :, None], qk)
     return a, qk
 
 
@@ -213,6 +220,17 @@ def _chunk_tiles(
     ok = (rows < f)[:, None]
     k = tl.where(ok, k, 0.0)
     beta = tl.where(rows < f, beta, 0.0)
+    # a row past the span (safe anchor; a program-uniform branch): its diagonal entries pair by
+    # pair, computed first, while few tiles are live
+    some_past = tl.min(fits.to(tl.int32)) == 0
+    a_p = tl.zeros((NB, BS, BS), dtype=tl.float32)
+    qk_p = tl.zeros((NB, BS, BS), dtype=tl.float32)
+    if ANCHOR == ANCHOR_SAFE:
+        if some_past:
+            a_p, qk_p = _pair_diag(
+                q_ptr, k_ptr, g_ptr, alog_ptr, dtb_ptr, tok0, n, f, h, hv, H, HV, lower_bound,
+                k_inv, q_inv, K, C, BS, GATE_ACT,
+            )  # fmt: skip
 
     # --- direct sums: sub-block prefixes and suffixes, sub-block totals ----------------------
     tot = tl.sum(tl.reshape(gl, (NB, BS, K)), axis=1)  # [NB, K]
@@ -242,15 +260,11 @@ def _chunk_tiles(
     # while the whole sub-block fits the span
     kr3 = k3 * tl.exp2(tot[:, None, :] - gin3)  # K exp(P_next(J) - G_j) <= 1
     if ANCHOR == ANCHOR_SAFE:
-        if tl.min(fits.to(tl.int32)) == 0:  # a row past the span (a program-uniform branch)
-            a_p, qk_p = _pair_diag(
-                q_ptr, k_ptr, g_ptr, alog_ptr, dtb_ptr, tok0, n, f, h, hv, H, HV, lower_bound,
-                k_inv, q_inv, K, C, BS, GATE_ACT,
-            )  # fmt: skip
-            # row by row (causal): a row that fits keeps the block anchor's entries
-            fit3 = tl.reshape(fits, (NB, BS))[:, :, None]
-            a_diag = tl.where(fit3, a_diag, a_p)
-            qk_diag = tl.where(fit3, qk_diag, qk_p)
+        # row by row (causal): a row that fits keeps the block anchor's entries
+        fit3 = tl.reshape(fits, (NB, BS))[:, :, None]
+        a_diag = tl.where(fit3, a_diag, a_p)
+        qk_diag = tl.where(fit3, qk_diag, qk_p)
+        if some_past:
             # the suffix from a reverse local sum (of clamped gates, as the pairs take them)
             # in a sub-block with a row past the span
             gsuf = tl.maximum(gl, -FLUSH_LOG2)
