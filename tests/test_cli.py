@@ -313,7 +313,7 @@ def test_build_kda_leaves_out_kernels_the_spec_does_not_use(kreg):
     assert data["candidate"] == "kda.split"
     names = [k["kernel"] for k in data["kernels"]]
     assert data["spec"]["scan"]["segment_chunks"] == 0
-    assert names == ["prep", "scan"]
+    assert names == ["pairs", "prep", "scan"]  # the default problem: no bound, the safe anchor
     assert all(k["shared_bytes"] > 0 and k["registers"] > 0 for k in data["kernels"])
     r = kreg("build", "kda", "--target", "sm90", "--kernel", "segment_map", KREG_PLUGINS="none")
     assert r.returncode == 2

@@ -126,6 +126,7 @@ def test_jit_kernels_equal_the_aot_build(B, H, lower_bound):
         assert _ptxas_report(ck.asm["ptx"], target)["spills"] == art.spills, label
         compared.append(name)
     assert {"prep", "scan"} <= set(compared)
+    assert ("pairs" in compared) == (lower_bound is None)  # the safe anchor's pairs kernel
 
 
 def test_builders_take_the_problem_through_the_candidate(sm90):

@@ -37,6 +37,9 @@ def _inputs(dtype: str) -> dict[str, str]:
     }
 
 
+_PAIRS = {"pa_t": "*fp32", "pqk_t": "*fp32"}  # the pairs kernel's diagonal sub-blocks
+
+
 def _tiles(dtype: str) -> dict[str, str]:
     names = ("w_t", "u_t", "gq_t", "aqk_t", "gkt_t")
     return {n: f"*{dtype}" for n in names} | {"dec_t": "*fp32"}
@@ -83,6 +86,17 @@ class KernelLaunch:
         return self.fn.fn.__name__
 
 
+# The pairs kernel's warps: its tiles are one chunk's rows by a slice of the channels.
+PAIRS_NUM_WARPS = 4
+
+
+def pairs_launch(spec: KdaTileSpec) -> KernelLaunch:
+    constexprs = dict(K=spec.head_dim_k, C=spec.chunk, BS=spec.solve_block,
+                      GATE_ACT=kernels.GATE_ACT[spec.gate_activation], QK_L2=spec.qk_l2norm,
+                      VARLEN=spec.varlen)  # fmt: skip
+    return KernelLaunch(kernels.kda_chunk_pairs_kernel, constexprs, PAIRS_NUM_WARPS, 1)
+
+
 def prep_launch(spec: KdaTileSpec) -> KernelLaunch:
     constexprs = _tile_constexprs(spec) | {"VARLEN": spec.varlen}
     constexprs |= {"LOOPED": spec.looped, "BALLAST": spec.ballast_bytes}
@@ -127,10 +141,24 @@ def _compile(lc: KernelLaunch, signature: dict, target: Target, values: dict) ->
 
 
 @functools.cache
+def build_kda_chunk_pairs(
+    spec: KdaTileSpec, target: Target, shape: LaunchShape = REPRESENTATIVE
+) -> Artifact | None:
+    """The safe anchor's pairs kernel (None with the block anchor, which has none)."""
+    if spec.anchor != "safe":
+        return None
+    lc = pairs_launch(spec)
+    signature = {n: t for n, t in _inputs(spec.dtype).items() if n not in ("v", "beta")}
+    signature |= _PAIRS | _TABLES | {n: _SCALARS[n] for n in ("T", "H", "HV", "lower_bound")}
+    values = _launch_values(signature, tile_scalars_of(shape), tile_absent(spec))
+    return _compile(lc, signature, target, values)
+
+
+@functools.cache
 def build_kda_chunk_prep(
     spec: KdaTileSpec, target: Target, shape: LaunchShape = REPRESENTATIVE
 ) -> Artifact:
-    signature = _inputs(spec.dtype) | _tiles(spec.dtype) | _TABLES | _SCALARS
+    signature = _inputs(spec.dtype) | _PAIRS | _tiles(spec.dtype) | _TABLES | _SCALARS
     values = _launch_values(signature, tile_scalars_of(shape), tile_absent(spec))
     return _compile(prep_launch(spec), signature, target, values)
 
@@ -155,7 +183,7 @@ def build_kda_chunk_fused(
     spec: KdaChunkFusedSpec, target: Target, shape: LaunchShape = REPRESENTATIVE
 ) -> Artifact:
     tile, scan = spec.tile, spec.scan
-    signature = _inputs(tile.dtype) | _states(scan)
+    signature = _inputs(tile.dtype) | _PAIRS | _states(scan)
     signature |= {"seq_chunk": "*i32", "cu_seqlens": "*i64"} | _SCALARS
     values = _launch_values(
         signature, tile_scalars_of(shape), tile_absent(tile),

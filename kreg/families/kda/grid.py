@@ -303,6 +303,7 @@ def kernel_keys(problem, spec) -> set[tuple]:
     constexprs, warps, stages and the classes of the integers the JIT specialises on (T, H, HV,
     NSEG, runtime_args.py). Equal keys are one compiled kernel."""
     from .builders import (
+        pairs_launch,
         prep_launch,
         scan_launch,
         segment_combine_launch,
@@ -316,6 +317,8 @@ def kernel_keys(problem, spec) -> set[tuple]:
         segment_count(problem.longest_seq, spec.tile.chunk, spec.scan.segment_chunks)
     )  # as launch._scan_scalars
     launches = [(prep_launch(spec.tile), ints), (scan_launch(spec.scan), ints[::2] + (nseg,))]
+    if spec.tile.anchor == "safe":
+        launches.append((pairs_launch(spec.tile), ints))
     if spec.scan.segment_chunks:
         launches += [(segment_map_launch(spec.scan), ints[::2] + (nseg,)),
                      (segment_combine_launch(spec.scan, spec.tile.fp32_dot), ints[::2] + (nseg,))]  # fmt: skip

@@ -109,7 +109,7 @@ def _nan_rows(x):
 
 @triton.jit
 def _pair_diag(
-    q_ptr, k_ptr, g_ptr, alog_ptr, dtb_ptr, tok0, n, f, h, hv, H, HV, lower_bound, k_inv, q_inv,
+    q_ptr, k_ptr, g_ptr, alog_ptr, dtb_ptr, tok0, n, h, hv, H, HV, lower_bound, k_inv, q_inv,
     K: tl.constexpr, C: tl.constexpr, BS: tl.constexpr, GATE_ACT: tl.constexpr,
 ):  # fmt: skip
     """The diagonal sub-blocks of A and Aqk ([NB, BS, BS], every entry j <= i), pair by pair:
@@ -122,22 +122,19 @@ def _pair_diag(
     Column by column: column j of every sub-block at once, from its row j picked out of the
     [NB, BS, KS] tiles (an exact select), so that no tile is wider than the chunk's own rows
     (a 4D pairwise tile costs layout conversions through shared memory). Channels are taken KS
-    at a time, reloaded from memory (cache hits; rows scaled by ``k_inv`` / ``q_inv``, cut at
-    row ``f``)."""
+    at a time (rows scaled by ``k_inv`` / ``q_inv``; zero past ``n``)."""
     NB: tl.constexpr = C // BS
     KS: tl.constexpr = PAIR_CHANNELS(K)
-    rows = tl.arange(0, C)
-    keep = (rows < f)[:, None]
     ri = tl.arange(0, BS)[None, :, None]
     ci = tl.arange(0, BS)[None, None, :]
     a = tl.zeros((NB, BS, BS), dtype=tl.float32)
     qk = tl.zeros((NB, BS, BS), dtype=tl.float32)
     for c0 in tl.range(0, K, KS):
-        ks = tl.where(keep, _rows(k_ptr + h * K + c0, tok0, n, H * K, KS, C) * k_inv, 0.0)
+        ks = _rows(k_ptr + h * K + c0, tok0, n, H * K, KS, C) * k_inv
         qs = _rows(q_ptr + h * K + c0, tok0, n, H * K, KS, C) * q_inv
         gs = _gates(g_ptr, alog_ptr, dtb_ptr, tok0, n, hv, HV, lower_bound, K, C, GATE_ACT,
                     c0, KS)  # fmt: skip
-        gs = tl.where(keep, tl.maximum(gs * LOG2E, -FLUSH_LOG2), 0.0)
+        gs = tl.maximum(gs * LOG2E, -FLUSH_LOG2)
         h3 = tl.cumsum(tl.reshape(gs, (NB, BS, KS)), axis=1)
         k3 = tl.reshape(ks, (NB, BS, KS))
         q3 = tl.reshape(qs, (NB, BS, KS))
@@ -154,7 +151,7 @@ def _pair_diag(
 
 @triton.jit
 def _chunk_tiles(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, pa_t, pqk_t, c,
     tok0, n, h, hv, H, HV, scale, lower_bound,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
@@ -163,21 +160,19 @@ def _chunk_tiles(
     """The six state-independent tiles of one chunk, for one value head.
 
     Every decay factor exp(G_i - G_j) is formed from sums of the gates between j and i: direct
-    prefix and suffix sums from a sub-block boundary, and inside a sub-block (safe anchor) the
-    difference of two cumsums local to it, of gates clamped at -FLUSH_LOG2 (so no sum there
-    exceeds BS * FLUSH_LOG2); a huge gate or a -inf reset leaves the factors after it exact to
-    fp32 rounding. Off-diagonal sub-blocks use the sub-block boundary as anchor (non-positive
-    exponents on both sides). The diagonal sub-blocks of the block anchor (and the safe
-    anchor's rows that fit) pair exp(Gin_i) with exp(-Gin_j) in one product, exact while Gin_i
-    from its sub-block's start stays within MAX_SPAN_LOG2 (so does every j <= i). A row past it
-    gets, with ``ANCHOR_SAFE``, its entries pair by pair (``_pair_diag``, exact for any gate,
-    computed only in a chunk that has such a row), and with ``ANCHOR_BLOCK`` (a promised bound)
-    is poisoned: never silently wrong. Which way a row goes depends on rows up to it only:
-    causal, bit for bit.
+    prefix and suffix sums from a sub-block boundary, never the difference of two large sums.
+    Off-diagonal sub-blocks use the sub-block boundary as anchor (non-positive exponents on
+    both sides). The diagonal sub-blocks come, with ``ANCHOR_SAFE``, from the pairs kernel
+    (``kda_chunk_pairs_kernel``: pair by pair, exact for any gate, at a cost that does not
+    depend on the gates) at ``pa_t`` / ``pqk_t`` for chunk ``c``; with ``ANCHOR_BLOCK`` (a
+    promised bound) from one product pairing exp(Gin_i) with exp(-Gin_j), exact while Gin_i
+    from its sub-block's start stays within MAX_SPAN_LOG2, a row past it poisoned: never
+    silently wrong.
 
     Containment: the first row ``f`` whose k, v, g or beta is not finite (or, with
     ``ANCHOR_BLOCK``, whose span leaves the bound) is where the chunk is cut: later rows enter
-    no product (so no 0 * inf reaches an earlier row), their outputs are NaN through ``gq`` and
+    no product (so no 0 * inf reaches an earlier row; their pair entries are dropped by a
+    select), their outputs are NaN through ``gq`` and
     the state is NaN through ``dec``. q only reaches its own row's output.
 
     Returns (w, u, gq, aqk, gkt, dec) in fp32: w = -T diag(beta) (K*Gamma) (negated so the scan
@@ -212,25 +207,14 @@ def _chunk_tiles(
     f = tl.min(tl.where(bad, rows, C))
     gl = tl.where((rows < f)[:, None], gl, 0.0)
     gin = _seg_cumsum(gl, C, K, BS, False)  # from the sub-block's start, inclusive
-    fits = tl.min(gin, axis=1) >= -MAX_SPAN_LOG2  # the block anchor is exact for this row
     if ANCHOR == ANCHOR_BLOCK:  # cut at the first row past the span (exact up to it)
+        fits = tl.min(gin, axis=1) >= -MAX_SPAN_LOG2
         f = tl.minimum(f, tl.min(tl.where(fits, C, rows)))
         gin = tl.where((rows < f)[:, None], gin, 0.0)
         gl = tl.where((rows < f)[:, None], gl, 0.0)
     ok = (rows < f)[:, None]
     k = tl.where(ok, k, 0.0)
     beta = tl.where(rows < f, beta, 0.0)
-    # a row past the span (safe anchor; a program-uniform branch): its diagonal entries pair by
-    # pair, computed first, while few tiles are live
-    some_past = tl.min(fits.to(tl.int32)) == 0
-    a_p = tl.zeros((NB, BS, BS), dtype=tl.float32)
-    qk_p = tl.zeros((NB, BS, BS), dtype=tl.float32)
-    if ANCHOR == ANCHOR_SAFE:
-        if some_past:
-            a_p, qk_p = _pair_diag(
-                q_ptr, k_ptr, g_ptr, alog_ptr, dtb_ptr, tok0, n, f, h, hv, H, HV, lower_bound,
-                k_inv, q_inv, K, C, BS, GATE_ACT,
-            )  # fmt: skip
 
     # --- direct sums: sub-block prefixes and suffixes, sub-block totals ----------------------
     tot = tl.sum(tl.reshape(gl, (NB, BS, K)), axis=1)  # [NB, K]
@@ -249,28 +233,26 @@ def _chunk_tiles(
     q3 = tl.reshape(q, (NB, BS, K))
     gin3 = tl.reshape(gin, (NB, BS, K))
 
-    # --- diagonal sub-blocks: the block anchor's two dots, pair by pair past its span ------
+    # --- diagonal sub-blocks: pair by pair (safe), or the block anchor's two dots -----------
     e_in = tl.exp2(gin3)  # exp(G_i - P_I) <= 1
     kl3 = k3 * e_in
     ql3 = q3 * e_in
-    kd3t = tl.permute(k3 * tl.exp2(-gin3), (0, 2, 1))  # >= 1; inf only where a row does not fit
-    a_diag = tl.dot(kl3, kd3t, input_precision=FP32_DOT)  # [NB, BS, BS]
-    qk_diag = tl.dot(ql3, kd3t, input_precision=FP32_DOT)
-    # to the sub-block's end: the total less the prefix, within rounding of the direct sum
-    # while the whole sub-block fits the span
-    kr3 = k3 * tl.exp2(tot[:, None, :] - gin3)  # K exp(P_next(J) - G_j) <= 1
     if ANCHOR == ANCHOR_SAFE:
-        # row by row (causal): a row that fits keeps the block anchor's entries
-        fit3 = tl.reshape(fits, (NB, BS))[:, :, None]
-        a_diag = tl.where(fit3, a_diag, a_p)
-        qk_diag = tl.where(fit3, qk_diag, qk_p)
-        if some_past:
-            # the suffix from a reverse local sum (of clamped gates, as the pairs take them)
-            # in a sub-block with a row past the span
-            gsuf = tl.maximum(gl, -FLUSH_LOG2)
-            gsuf = tl.reshape(_seg_cumsum(gsuf, C, K, BS, True) - gsuf, (NB, BS, K))
-            block_fits = tl.min(tl.reshape(fits.to(tl.int32), (NB, BS)), axis=1) == 1
-            kr3 = tl.where(block_fits[:, None, None], kr3, k3 * tl.exp2(tl.minimum(gsuf, 0.0)))
+        # the pairs kernel's entries (every row; rows from the cut are dropped below)
+        a_diag = tl.reshape(tl.load(_tile_ptrs(pa_t, c, hv, HV, C, BS)), (NB, BS, BS))
+        qk_diag = tl.reshape(tl.load(_tile_ptrs(pqk_t, c, hv, HV, C, BS)), (NB, BS, BS))
+        # K exp(P_next(J) - G_j) from a reverse local sum of the gates after j (clamped, as the
+        # pairs take them): a direct sum, never a difference of two large ones
+        gsuf = tl.maximum(gl, -FLUSH_LOG2)
+        gsuf = tl.reshape(_seg_cumsum(gsuf, C, K, BS, True) - gsuf, (NB, BS, K))
+        kr3 = k3 * tl.exp2(tl.minimum(gsuf, 0.0))
+    else:
+        kd3t = tl.permute(k3 * tl.exp2(-gin3), (0, 2, 1))  # >= 1, finite: every row fits
+        a_diag = tl.dot(kl3, kd3t, input_precision=FP32_DOT)  # [NB, BS, BS]
+        qk_diag = tl.dot(ql3, kd3t, input_precision=FP32_DOT)
+        # to the sub-block's end: the total less the prefix, within rounding of the direct sum
+        # while the whole sub-block fits the span
+        kr3 = k3 * tl.exp2(tot[:, None, :] - gin3)  # K exp(P_next(J) - G_j) <= 1
     ri = tl.arange(0, BS)[None, :, None]
     ci = tl.arange(0, BS)[None, None, :]
     e_before = tl.exp2(before)[:, None, :]  # exp(P_I)
@@ -426,7 +408,7 @@ def _seq_chunks(seq, T, seq_chunk, cu_seqlens, C: tl.constexpr, VARLEN: tl.const
 
 @triton.jit
 def _recurrence(
-    q, k, v, g, beta, alog, dtb,
+    q, k, v, g, beta, alog, dtb, pa_t, pqk_t,
     w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
     o, h0, ht, hs, hs_seq,
     seq_chunk, cu_seqlens,
@@ -492,8 +474,8 @@ def _recurrence(
         n = tl.minimum(tok_end - tok0, C)
         if FUSED:
             w, u, gq, aqk, gkt, dec = _chunk_tiles(
-                q, k, v, g, beta, alog, dtb, tok0, n, h, hv, H, HV, scale, lower_bound,
-                K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
+                q, k, v, g, beta, alog, dtb, pa_t, pqk_t, c, tok0, n, h, hv, H, HV, scale,
+                lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
             )  # fmt: skip
             # the same rounding the split path's tiles get on their way through memory
             w = w.to(TILE_DT)
@@ -544,8 +526,38 @@ def _ballast(x, BALLAST: tl.constexpr):
 
 
 @triton.jit
+def kda_chunk_pairs_kernel(
+    q, k, g, alog, dtb, pa_t, pqk_t,
+    chunk_seq, seq_chunk, cu_seqlens,
+    T, H, HV, lower_bound,
+    K: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
+    GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, VARLEN: tl.constexpr,
+):  # fmt: skip
+    """Safe anchor, first kernel of the split and fused paths: the diagonal sub-blocks of A and
+    Aqk of one chunk x value head pair by pair (``_pair_diag``), stored [NC, HV, C, BS] fp32.
+    Its own kernel: small tiles, so many programs share an SM and hide the latency of the
+    column-by-column loop, which inside the prep (large tiles, few programs) is exposed."""
+    c = tl.program_id(0)
+    hv = tl.program_id(1)
+    h = hv // (HV // H)
+    tok0, n = _chunk_of(c, T, chunk_seq, seq_chunk, cu_seqlens, C, VARLEN)
+    if n > 0:
+        k_inv = tl.full((C, 1), 1.0, dtype=tl.float32)
+        q_inv = tl.full((C, 1), 1.0, dtype=tl.float32)
+        if QK_L2:  # the row norms, as the prep takes them
+            kk = _rows(k + h * K, tok0, n, H * K, K, C)
+            k_inv = tl.rsqrt(tl.sum(kk * kk, axis=1) + 1e-6)[:, None]
+            qq = _rows(q + h * K, tok0, n, H * K, K, C)
+            q_inv = tl.rsqrt(tl.sum(qq * qq, axis=1) + 1e-6)[:, None]
+        a, qk = _pair_diag(q, k, g, alog, dtb, tok0, n, h, hv, H, HV, lower_bound, k_inv, q_inv,
+                           K, C, BS, GATE_ACT)  # fmt: skip
+        tl.store(_tile_ptrs(pa_t, c, hv, HV, C, BS), tl.reshape(a, (C, BS)))
+        tl.store(_tile_ptrs(pqk_t, c, hv, HV, C, BS), tl.reshape(qk, (C, BS)))
+
+
+@triton.jit
 def kda_chunk_prep_kernel(
-    q, k, v, g, beta, alog, dtb,
+    q, k, v, g, beta, alog, dtb, pa_t, pqk_t,
     w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
     chunk_seq, seq_chunk, cu_seqlens,
     T, H, HV, scale, lower_bound,
@@ -568,7 +580,7 @@ def kda_chunk_prep_kernel(
         for c in tl.range(c0, c1):
             tok0 = tok_start + (c - c0) * C
             _prep_chunk(
-                q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
+                q, k, v, g, beta, alog, dtb, pa_t, pqk_t, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
                 c, tok0, tl.minimum(tok_end - tok0, C), h, hv, H, HV, scale,
                 lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR,
             )  # fmt: skip
@@ -576,7 +588,7 @@ def kda_chunk_prep_kernel(
         c = tl.program_id(0)
         tok0, n = _chunk_of(c, T, chunk_seq, seq_chunk, cu_seqlens, C, VARLEN)
         _prep_chunk(
-            q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
+            q, k, v, g, beta, alog, dtb, pa_t, pqk_t, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
             c, tok0, n, h, hv, H, HV, scale, lower_bound,
             K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR,
         )  # fmt: skip
@@ -584,7 +596,7 @@ def kda_chunk_prep_kernel(
 
 @triton.jit
 def _prep_chunk(
-    q, k, v, g, beta, alog, dtb, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
+    q, k, v, g, beta, alog, dtb, pa_t, pqk_t, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
     c, tok0, n, h, hv, H, HV, scale, lower_bound,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
@@ -592,8 +604,8 @@ def _prep_chunk(
 ):  # fmt: skip
     if n > 0:
         w, u, gq, aqk, gkt, dec = _chunk_tiles(
-            q, k, v, g, beta, alog, dtb, tok0, n, h, hv, H, HV, scale, lower_bound,
-            K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
+            q, k, v, g, beta, alog, dtb, pa_t, pqk_t, c, tok0, n, h, hv, H, HV, scale,
+            lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
         )  # fmt: skip
         dec = _ballast(dec, BALLAST)
         _store_tiles(w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, w, u, gq, aqk, gkt, dec,
@@ -614,7 +626,7 @@ def kda_chunk_scan_kernel(
     """Split path, second kernel: the recurrence over stored tiles (one segment of it when
     SEG > 0, h0 then holding the segments' start states)."""
     _recurrence(
-        None, None, None, None, None, None, None,
+        None, None, None, None, None, None, None, None, None,
         w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, o, h0, ht, hs, hs_seq, seq_chunk, cu_seqlens,
         T, 1, HV, 1.0, 0.0, K, V, C, C, BV, 0, False, False, "ieee",
         USE_H0, STORE_HT, STORE_HS, STATE_VK, VARLEN, False, w_t.dtype.element_ty, SEG, NSEG,
@@ -624,7 +636,7 @@ def kda_chunk_scan_kernel(
 
 @triton.jit
 def kda_chunk_fused_kernel(
-    q, k, v, g, beta, alog, dtb,
+    q, k, v, g, beta, alog, dtb, pa_t, pqk_t,
     o, h0, ht, hs, hs_seq,
     seq_chunk, cu_seqlens,
     T, H, HV, scale, lower_bound,
@@ -640,7 +652,7 @@ def kda_chunk_fused_kernel(
     ``ABLATE_SCAN`` (case-study probe, off by default) replaces the scan step by a cheap fold of
     every tile into the output, timing the tile phase alone."""
     _recurrence(
-        q, k, v, g, beta, alog, dtb,
+        q, k, v, g, beta, alog, dtb, pa_t, pqk_t,
         None, None, None, None, None, None, o, h0, ht, hs, hs_seq, seq_chunk, cu_seqlens,
         T, H, HV, scale, lower_bound, K, V, C, BS, BV, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
         USE_H0, STORE_HT, STORE_HS, STATE_VK, VARLEN, True, q.dtype.element_ty, 0, 1,

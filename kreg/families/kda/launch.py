@@ -13,6 +13,7 @@ from . import plans
 from .builders import (
     KernelLaunch,
     fused_launch,
+    pairs_launch,
     prep_launch,
     scan_launch,
     segment_combine_launch,
@@ -135,6 +136,22 @@ def _inputs(call: Call):
     return (call.q, call.k, call.v, call.g, call.beta, call.A_log, call.dt_bias)
 
 
+def run_pairs(call: Call, tile, tables):
+    """The safe anchor's pairs kernel (the diagonal sub-blocks, [NC, HV, C, BS] fp32 each for
+    A and Aqk), before the prep or the fused kernel; (None, None) with the block anchor."""
+    if tile.anchor != "safe":
+        return None, None
+    seq_chunk, chunk_seq, nc = tables
+    HV, C = call.v.shape[2], tile.chunk
+    pa = torch.empty((nc, HV, C, tile.solve_block), dtype=torch.float32, device=call.q.device)
+    pqk = torch.empty_like(pa)
+    H = call.q.shape[2]
+    _launch(pairs_launch(tile), (nc, HV), call.q, call.k, call.g, call.A_log, call.dt_bias,
+            pa, pqk, chunk_seq, seq_chunk, call.cu_seqlens, T=call.q.shape[1], H=H, HV=HV,
+            lower_bound=call.lower_bound)  # fmt: skip
+    return pa, pqk
+
+
 def _n_states(call: Call) -> int:
     return call.q.shape[0] if call.cu_seqlens is None else call.cu_seqlens.numel() - 1
 
@@ -156,7 +173,8 @@ def run_prep(call: Call, tile, tables):
     aqk = torch.empty((nc, HV, C, C), dtype=dt, device=dev)
     gkt = torch.empty((nc, HV, K, C), dtype=dt, device=dev)
     dec = torch.empty((nc, HV, K), dtype=torch.float32, device=dev)
-    args = (*_inputs(call), w, u, gq, aqk, gkt, dec, chunk_seq, seq_chunk, call.cu_seqlens)
+    args = (*_inputs(call), *run_pairs(call, tile, tables), w, u, gq, aqk, gkt, dec, chunk_seq,
+            seq_chunk, call.cu_seqlens)  # fmt: skip
     _launch(prep_launch(tile), (_n_states(call) if tile.looped else nc, HV), *args,
             **_scalars(call))  # fmt: skip
     return w, u, gq, aqk, gkt, dec
@@ -226,13 +244,15 @@ def _scan_scalars(call: Call, chunk: int, segment_chunks: int) -> dict:
 def run_fused(call: Call, spec):
     """The fused kernel alone. Returns (o, final_state, chunk_states)."""
     tile = spec.tile
-    call, (seq_chunk, _, _) = chunk_tables(call, tile.chunk)
+    call, tables = chunk_tables(call, tile.chunk)
+    seq_chunk = tables[0]
     HV = call.v.shape[2]
+    pairs = run_pairs(call, tile, tables)
     o, ht, hs = _outputs(call)
     n_states = _n_states(call)
     _launch(
         fused_launch(spec), (1, n_states * HV),
-        *_inputs(call), o, call.initial_state, ht, hs, _chunk_state_table(call, spec.scan),
+        *_inputs(call), *pairs, o, call.initial_state, ht, hs, _chunk_state_table(call, spec.scan),
         seq_chunk, call.cu_seqlens, **_scalars(call),
     )  # fmt: skip
     return o, ht, hs

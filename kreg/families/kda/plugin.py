@@ -16,6 +16,7 @@ from kreg.registry.model import Candidate, Family, Verdict
 from . import model, recurrent, specs
 from .builders import (
     build_kda_chunk_fused,
+    build_kda_chunk_pairs,
     build_kda_chunk_prep,
     build_kda_chunk_scan,
     build_kda_segment_combine,
@@ -109,6 +110,10 @@ SPLIT = Candidate(
     # (spec, target, problem=None): the kernel a launch for ``problem`` runs, for a
     # representative production problem without one (runtime_args.REPRESENTATIVE)
     builders={
+        # None with the block anchor
+        "pairs": lambda spec, target, problem=None: build_kda_chunk_pairs(
+            spec.tile, target, launch_shape(problem)
+        ),
         "prep": lambda spec, target, problem=None: build_kda_chunk_prep(
             spec.tile, target, launch_shape(problem)
         ),
@@ -128,7 +133,8 @@ SPLIT = Candidate(
     cost=split_cost,
     predict=model.predict,
     priority=10,
-    description="prep kernel (tiles, one program per chunk) + scan kernel (recurrence)",
+    description="pairs kernel (the safe anchor's diagonal sub-blocks, unless a bound is promised) "
+    "+ prep kernel (tiles, one program per chunk) + scan kernel (recurrence)",
 )
 
 RECURRENT = Candidate(
@@ -159,9 +165,12 @@ FUSED = Candidate(
     enumerate_specs=specs.enumerate_fused_specs,
     is_valid=specs.is_valid_fused_spec,
     builders={
+        "pairs": lambda spec, target, problem=None: build_kda_chunk_pairs(
+            spec.tile, target, launch_shape(problem)
+        ),
         "fused": lambda spec, target, problem=None: build_kda_chunk_fused(
             spec, target, launch_shape(problem)
-        )
+        ),
     },
     accepts=accepts,
     specialize=specs.specialize_fused,
@@ -169,7 +178,8 @@ FUSED = Candidate(
     priority=5,
     opt_in=True,
     opt_in_reason=FUSED_OPT_IN_REASON,
-    description="tiles and recurrence in one kernel, one program per (sequence, value head)",
+    description="tiles and recurrence in one kernel, one program per (sequence, value head), "
+    "after the pairs kernel (the safe anchor's diagonal sub-blocks, unless a bound is promised)",
 )
 
 FAMILY = Family(

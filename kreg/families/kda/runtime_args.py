@@ -70,9 +70,10 @@ def tile_scalars_of(shape: LaunchShape) -> dict:
 # Pointers a launch passes as None (launch.py gets them from the Call: absent options), per
 # kernel, as functions of the spec the kernel is built from.
 def tile_absent(tile) -> dict:
-    """Prep / fused inputs: the gate parameters without a gate activation, the chunk tables
-    and offsets without varlen."""
+    """Prep / fused inputs: the gate parameters without a gate activation, the pairs' buffers
+    with the block anchor (no pairs kernel), the chunk tables and offsets without varlen."""
     out = dict.fromkeys(("alog", "dtb")) if tile.gate_activation == "none" else {}
+    out |= dict.fromkeys(("pa_t", "pqk_t")) if tile.anchor != "safe" else {}
     return out | ({} if tile.varlen else dict.fromkeys(("chunk_seq", "seq_chunk", "cu_seqlens")))
 
 
