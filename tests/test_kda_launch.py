@@ -122,6 +122,8 @@ def test_launch_is_the_build(candidate, name, segments, launched, built):
                 "kda.fused": {"kda_chunk_fused_kernel"}}[candidate.name]  # fmt: skip
     if segments:
         expected |= {"kda_segment_map_kernel", "kda_segment_combine_kernel"}
+    if problem.gate_lower_bound is None:  # the safe anchor: its pairs kernel first
+        expected |= {"kda_chunk_pairs_kernel"}
     assert kinds == expected
 
 

@@ -23,7 +23,9 @@ import pytest
 from kreg.dispatch import NoCandidateError, select
 from kreg.families.kda import specs as S
 from kreg.families.kda.builders import (
+    PAIRS_NUM_WARPS,
     build_kda_chunk_fused,
+    build_kda_chunk_pairs,
     build_kda_chunk_prep,
     build_kda_chunk_scan,
     build_kda_segment_combine,
@@ -367,11 +369,13 @@ def test_dispatcher_defaults():
 # --- builders on every target --------------------------------------------------------------------
 
 _BUILDERS = {
+    "pairs": build_kda_chunk_pairs,
     "prep": build_kda_chunk_prep,
     "scan": build_kda_chunk_scan,
     "fused": build_kda_chunk_fused,
 }
 _KERNEL_NAMES = {
+    "pairs": "kda_chunk_pairs_kernel",
     "prep": "kda_chunk_prep_kernel",
     "scan": "kda_chunk_scan_kernel",
     "fused": "kda_chunk_fused_kernel",
@@ -408,6 +412,10 @@ def test_builders_compile_the_dispatch_choice(target):
             assert kernel.startswith("segment_") and not split.spec.scan.segment_chunks
             continue
         _check_artifact(art, t, kernel)
+        if kernel == "pairs":  # the default problem has no bound: the safe anchor's
+            assert art.shared_bytes <= split.spec.tile.pairs_shared_bytes_estimate()
+            assert art.num_warps == PAIRS_NUM_WARPS
+            continue
         scan = split.spec.scan
         if kernel == "segment_combine":
             assert art.shared_bytes <= scan.combine_shared_bytes_estimate()
@@ -432,7 +440,8 @@ def _kernel_specs():
         fused = [s for s in FUSED.enumerate_specs(target) if FUSED.is_valid(s, target)]
         scans = [s.scan for s in splits]
         segmented = [s for s in scans if s.segment_chunks]
-        groups = (("prep", [s.tile for s in splits]), ("scan", scans),
+        safe = [s.tile for s in splits if s.tile.anchor == "safe"]
+        groups = (("pairs", safe), ("prep", [s.tile for s in splits]), ("scan", scans),
                   ("fused", fused),
                   ("segment_map", segmented), ("segment_combine", segmented))  # fmt: skip
         for kernel, items in groups:
@@ -442,7 +451,7 @@ def _kernel_specs():
 
 
 def _in_default_subset(target: str, kernel: str, spec) -> bool:
-    if kernel in ("prep", "fused"):
+    if kernel in ("pairs", "prep", "fused"):
         return (spec.tile if kernel == "fused" else spec).solve_block == 16
     return True
 
@@ -450,7 +459,7 @@ def _in_default_subset(target: str, kernel: str, spec) -> bool:
 def _label(target, kernel, spec):
     t = spec.tile if kernel == "fused" else spec
     text = f"{target}-{kernel}-d{t.head_dim_k}-c{t.chunk}"
-    if kernel in ("prep", "fused"):
+    if kernel in ("pairs", "prep", "fused"):
         return f"{text}-bs{t.solve_block}-w{t.num_warps}-{t.fp32_dot}-{t.anchor}"
     return f"{text}-bv{spec.block_v}-w{spec.num_warps}-st{spec.num_stages}-seg{spec.segment_chunks}"
 
@@ -463,6 +472,8 @@ def _build(target, kernel, spec):
         fp32_dot = S.FP32_DOT_BY_BACKEND[target.backend][0]  # as the enumerated tiles use
         art = build_kda_segment_combine(spec, target, fp32_dot)
         return art, spec.combine_shared_bytes_estimate()
+    if kernel == "pairs":
+        return build_kda_chunk_pairs(spec, target), spec.pairs_shared_bytes_estimate()
     return _BUILDERS[kernel](spec, target), spec.shared_bytes_estimate()
 
 

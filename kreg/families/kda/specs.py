@@ -86,6 +86,12 @@ class KdaTileSpec:
         """Upper bound of the shared memory Triton allocates for this kernel."""
         return _tile_phase_bytes(self) + self.ballast_bytes
 
+    def pairs_shared_bytes_estimate(self) -> int:
+        """The safe anchor's pairs kernel: its row picks and channel sums stage at most the
+        chunk's [C, K] rows and [C, solve_block] entries in fp32 (below the prep's estimate,
+        so the prep's rules cover it)."""
+        return 4 * self.chunk * (self.head_dim_k + self.solve_block)
+
 
 @attrs.frozen
 class KdaScanSpec:
