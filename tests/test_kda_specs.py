@@ -23,7 +23,7 @@ import pytest
 from kreg.dispatch import NoCandidateError, select
 from kreg.families.kda import specs as S
 from kreg.families.kda.builders import (
-    PAIRS_NUM_WARPS,
+    PAIRS_ROWS_PER_WARP,
     build_kda_chunk_fused,
     build_kda_chunk_pairs,
     build_kda_chunk_prep,
@@ -414,7 +414,7 @@ def test_builders_compile_the_dispatch_choice(target):
         _check_artifact(art, t, kernel)
         if kernel == "pairs":  # the default problem has no bound: the safe anchor's
             assert art.shared_bytes <= split.spec.tile.pairs_shared_bytes_estimate()
-            assert art.num_warps == PAIRS_NUM_WARPS
+            assert art.num_warps == split.spec.tile.chunk // PAIRS_ROWS_PER_WARP
             continue
         scan = split.spec.scan
         if kernel == "segment_combine":
