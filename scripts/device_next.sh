@@ -1,28 +1,42 @@
 #!/usr/bin/env bash
-# The H200 runs issues 14 and 15 wait for, as two device calls (carry .whl/ with fla-core's
-# wheel). Each step stays under the 10-minute call limit; outputs under $OUT.
+# Device calls for the open speed work, each under the 10-minute call limit (carry .whl/ with
+# fla-core's wheel); outputs under $OUT (at most 8 files come back).
 #
-#   call 1:  OUT=... bash scripts/device_next.sh sweep
-#     - the spec sweep over the whole grid, kreg only (1054 specs of the 15 roles, the K = 256
-#       segmented and 8-warp-prep ones never timed yet): $OUT/sweep.json
-#     - the GPU tests written but never run (segmented scans at K = 256, kreg's pooled decode
-#       step against fla's): $OUT/gpu_tests.log
-#     - the decode scenario with the pool pair against fla's own pooled step: $OUT/decode/
-#   here (CPU), from the repository root:
+#   OUT=... bash scripts/device_next.sh gates [CASE...]
+#     - the KDA GPU tests (split == fused bit for bit, containment, oracles): $OUT/tests.log
+#     - `kreg bench kda --quick` on the cases named (default: the B1 T8192 H32 regimes, the B4
+#       softplus pair and the varlen batch: three fla shapes, ~100 s of fla autotuning each),
+#       fla in the same run: $OUT/gates.md, $OUT/gates.json (-> docs/kda/quick/, GATES.md)
+#   OUT=... bash scripts/device_next.sh host
+#     - benchmarks/kda_host_time.py (issue 23's 30 us goal): $OUT/host_time.json
+#   OUT=... bash scripts/device_next.sh sweep | grid CASE...
+#     - the spec sweep over the whole grid, kreg only, and the GPU tests it needs; then the grid
+#       cases whose selection the refit changed, fla in the same run. Here (CPU), between the two:
 #     cp kreg/families/kda/kda_model.json /tmp/before.json
 #     python benchmarks/kda_grid.py fit SWEEP.json                  # the refit, fit shapes only
 #     cases=$(python benchmarks/kda_grid.py changed /tmp/before.json)
-#     cp SWEEP.json docs/kda/grid_sweep.json; commit; then
-#   call 2:  OUT=... bash scripts/device_next.sh grid $cases
-#     - `kreg bench kda-grid` on the cases whose selection the refit changed, fla in the same
-#       run; then `python benchmarks/kda_grid.py merge docs/kda/grid/results.json
-#       OUT/grid/results.json --supersede --out docs/kda/grid` and `... validate
-#       docs/kda/grid_sweep.json --bench docs/kda/grid/results.json`.
+#     cp SWEEP.json docs/kda/grid_sweep.json; commit; then the grid call, then
+#     `python benchmarks/kda_grid.py merge docs/kda/grid/results.json OUT/grid/results.json
+#     --supersede --out docs/kda/grid` and `... validate docs/kda/grid_sweep.json --bench
+#     docs/kda/grid/results.json`.
 set -uo pipefail
-step="${1:?usage: device_next.sh sweep | grid CASE...}"
+step="${1:?usage: device_next.sh gates [CASE...] | host | sweep | grid CASE...}"
 shift
 source "$(dirname "$0")/gpu_env.sh"
 case "$step" in
+gates)
+  [ "$#" -gt 0 ] || set -- b1-t8192-h32 b4-t8192-h32-softplus varlen6-t8192-h32-softplus
+  timeout "${TESTS_TIMEOUT:-150}" python3 -m pytest -m gpu -q -n 14 -p no:cacheprovider \
+    tests/test_kda_gpu.py >"$OUT/tests.log" 2>&1
+  timeout "${GATES_TIMEOUT:-400}" python3 -m kreg bench kda --cases "$@" --quick --no-progress \
+    --workers 14 --deadline-s "${GATES_DEADLINE:-370}" --out /tmp/gates >"$OUT/gates.log" 2>&1
+  cp /tmp/gates/RESULTS.md "$OUT/gates.md"
+  cp /tmp/gates/results.json "$OUT/gates.json"
+  ;;
+host)
+  timeout "${HOST_TIMEOUT:-500}" python3 benchmarks/kda_host_time.py --out "$OUT" \
+    >"$OUT/host.log" 2>&1
+  ;;
 sweep)
   timeout "${SWEEP_TIMEOUT:-400}" python3 benchmarks/kda_grid.py sweep --no-peer --workers 14 \
     --deadline-s "${SWEEP_DEADLINE:-380}" --out "$OUT/sweep.json" 2>&1 | tail -n 60 >"$OUT/sweep.log"
@@ -39,7 +53,7 @@ grid)
     >"$OUT/grid.log" 2>&1
   ;;
 *)
-  echo "device_next.sh: unknown step $step (sweep | grid)" >&2
+  echo "device_next.sh: unknown step $step (gates | host | sweep | grid)" >&2
   exit 2
   ;;
 esac
