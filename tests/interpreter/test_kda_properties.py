@@ -17,6 +17,8 @@ against one unperturbed call. fp32, K = V = 32, H = HV = 1 unless said otherwise
    output row checked against the oracle (exact or NaN).
 5. determinism and batch invariance: 2 random shapes, 4 repeated-call pairs and 3 rows alone
    each; varlen: 2 random shapes x {split, fused}, 4 sequences (one empty) each.
+6. the safe anchor's pairs kernel alone, every stored entry against float64 pairs (gates to
+   -1e4 and -inf, grouped value heads, a partial chunk): chunks 16 and 32.
 
 The chunk-64 causality cases take about 20 s each (marked slow); the whole file about 6 minutes
 on two CPU cores. The interpreter runs a chunk program in about 0.05 s, and a probe costs two.
@@ -454,3 +456,51 @@ def test_varlen_equals_each_sequence_alone(seed):
             on, hn = run(part, **kw, fused=fused, initial_state=s0[n : n + 1])
             assert_equal(o[:, a:b], on, f"fused={fused}: o of sequence {n}")
             assert_equal(ht[n : n + 1], hn, f"fused={fused}: final state of sequence {n}")
+
+
+# --- 6. the pairs kernel alone: every entry against float64 pairs ------------------------------
+
+
+@pytest.mark.parametrize("chunk", [16, 32])
+def test_pairs_kernel_entries_match_float64_pairs(chunk):
+    """The safe anchor's diagonal sub-blocks, as the pairs kernel stores them, entry by entry
+    against sum_k q_ik k_jk exp(sum of the gates after j up to i) in float64, for gates from
+    mild to -1e4 and -inf resets: exact to fp32 rounding of each entry's magnitude (a factor
+    below fp32's normal range may flush), rows past a partial chunk's end left at zero."""
+    from kreg.families.kda import kernels
+
+    BS, H, HV, T = 16, 2, 4, 2 * chunk + 9  # grouped value heads, a partial last chunk
+    gen = torch.Generator().manual_seed(23)
+    q = torch.randn(1, T, H, K, generator=gen)
+    k = torch.randn(1, T, H, K, generator=gen)
+    g = -torch.rand(1, T, HV, K, generator=gen) * 8  # up to -8 nats: spans past the block anchor
+    g[0, 5, 1] = float("-inf")  # a hard reset on one head
+    g[0, 7, 2, : K // 2] = HUGE
+    g[0, chunk + 3, :, 3] = -200.0
+    nc = -(-T // chunk)
+    pa = torch.full((nc, HV, chunk, BS), 7.0)  # rows past T must come back zero
+    pqk = torch.full_like(pa, 7.0)
+    kernels.kda_chunk_pairs_kernel[(nc, HV)](
+        q, k, g, None, None, pa, pqk, None, None, None, T=T, H=H, HV=HV, lower_bound=0.0,
+        K=K, C=chunk, BS=BS, GATE_ACT=0, QK_L2=False, VARLEN=False, num_warps=1,
+    )  # fmt: skip
+    qd, kd, gd = q[0].double(), k[0].double(), g[0].double()
+    checked = 0
+    for c in range(nc):
+        for hv in range(HV):
+            h = hv // (HV // H)
+            for r in range(chunk):
+                t = c * chunk + r
+                if t >= T:
+                    assert (pa[c, hv, r] == 0).all() and (pqk[c, hv, r] == 0).all(), (c, hv, r)
+                    continue
+                t0 = t - r % BS  # the sub-block's first row
+                for j in range(t0, t + 1):
+                    decay = torch.exp(gd[j + 1 : t + 1, hv].sum(0))  # [K]; -inf -> 0
+                    for got, x in ((pqk, qd), (pa, kd)):
+                        terms = x[t, h] * kd[j, h] * decay
+                        scale = (x[t, h] * kd[j, h]).abs().sum()
+                        err = abs(got[c, hv, r, j - t0].item() - terms.sum().item())
+                        assert err <= 1e-5 * scale + 1e-30, (c, hv, r, j, err, scale)
+                        checked += 1
+    assert checked == 2 * HV * sum(t % BS + 1 for t in range(T))  # every entry j <= i
