@@ -150,7 +150,7 @@ def build_kda_chunk_pairs(
     spec: KdaTileSpec, target: Target, shape: LaunchShape = REPRESENTATIVE
 ) -> Artifact | None:
     """The safe anchor's pairs kernel (None with the block anchor, which has none)."""
-    if spec.anchor != "safe":
+    if not spec.pairs:
         return None
     lc = pairs_launch(spec)
     signature = {n: t for n, t in _inputs(spec.dtype).items() if n not in ("v", "beta")}

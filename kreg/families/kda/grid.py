@@ -317,7 +317,7 @@ def kernel_keys(problem, spec) -> set[tuple]:
         segment_count(problem.longest_seq, spec.tile.chunk, spec.scan.segment_chunks)
     )  # as launch._scan_scalars
     launches = [(prep_launch(spec.tile), ints), (scan_launch(spec.scan), ints[::2] + (nseg,))]
-    if spec.tile.anchor == "safe":
+    if spec.tile.pairs:
         launches.append((pairs_launch(spec.tile), ints))
     if spec.scan.segment_chunks:
         launches += [(segment_map_launch(spec.scan), ints[::2] + (nseg,)),

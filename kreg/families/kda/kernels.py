@@ -535,8 +535,9 @@ def kda_chunk_pairs_kernel(
 ):  # fmt: skip
     """Safe anchor, first kernel of the split and fused paths: the diagonal sub-blocks of A and
     Aqk of one chunk x value head pair by pair (``_pair_diag``), stored [NC, HV, C, BS] fp32.
-    Its own kernel: small tiles, so many programs share an SM and hide the latency of the
-    column-by-column loop, which inside the prep (large tiles, few programs) is exposed."""
+    Its own kernel, one warp per 16 rows (builders.PAIRS_ROWS_PER_WARP): the column loop's
+    row picks and channel sums stay inside a warp, where inside the prep (2 warps, large tiles)
+    their latency was exposed."""
     c = tl.program_id(0)
     hv = tl.program_id(1)
     h = hv // (HV // H)

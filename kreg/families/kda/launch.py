@@ -139,16 +139,16 @@ def _inputs(call: Call):
 def run_pairs(call: Call, tile, tables):
     """The safe anchor's pairs kernel (the diagonal sub-blocks, [NC, HV, C, BS] fp32 each for
     A and Aqk), before the prep or the fused kernel; (None, None) with the block anchor."""
-    if tile.anchor != "safe":
+    if not tile.pairs:
         return None, None
     seq_chunk, chunk_seq, nc = tables
-    HV, C = call.v.shape[2], tile.chunk
-    pa = torch.empty((nc, HV, C, tile.solve_block), dtype=torch.float32, device=call.q.device)
+    HV = call.v.shape[2]
+    pa = torch.empty((nc, HV, tile.chunk, tile.solve_block), dtype=torch.float32,
+                     device=call.q.device)  # fmt: skip
     pqk = torch.empty_like(pa)
-    H = call.q.shape[2]
+    scalars = {n: x for n, x in _scalars(call).items() if n != "scale"}
     _launch(pairs_launch(tile), (nc, HV), call.q, call.k, call.g, call.A_log, call.dt_bias,
-            pa, pqk, chunk_seq, seq_chunk, call.cu_seqlens, T=call.q.shape[1], H=H, HV=HV,
-            lower_bound=call.lower_bound)  # fmt: skip
+            pa, pqk, chunk_seq, seq_chunk, call.cu_seqlens, **scalars)  # fmt: skip
     return pa, pqk
 
 

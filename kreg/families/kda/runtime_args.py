@@ -73,7 +73,7 @@ def tile_absent(tile) -> dict:
     """Prep / fused inputs: the gate parameters without a gate activation, the pairs' buffers
     with the block anchor (no pairs kernel), the chunk tables and offsets without varlen."""
     out = dict.fromkeys(("alog", "dtb")) if tile.gate_activation == "none" else {}
-    out |= dict.fromkeys(("pa_t", "pqk_t")) if tile.anchor != "safe" else {}
+    out |= dict.fromkeys(("pa_t", "pqk_t")) if not tile.pairs else {}
     return out | ({} if tile.varlen else dict.fromkeys(("chunk_seq", "seq_chunk", "cu_seqlens")))
 
 

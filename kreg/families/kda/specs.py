@@ -86,6 +86,11 @@ class KdaTileSpec:
         """Upper bound of the shared memory Triton allocates for this kernel."""
         return _tile_phase_bytes(self) + self.ballast_bytes
 
+    @property
+    def pairs(self) -> bool:
+        """Whether the pairs kernel runs before the prep (the safe anchor's diagonal blocks)."""
+        return self.anchor == "safe"
+
     def pairs_shared_bytes_estimate(self) -> int:
         """The safe anchor's pairs kernel: its row picks and channel sums stage at most the
         chunk's [C, K] rows and [C, solve_block] entries in fp32 (below the prep's estimate,
