@@ -463,8 +463,8 @@ def test_varlen_equals_each_sequence_alone(seed):
 
 @pytest.mark.parametrize("chunk", [16, 32])
 def test_pairs_kernel_entries_match_float64_pairs(chunk):
-    """The safe anchor's diagonal sub-blocks, as the pairs kernel stores them, entry by entry
-    against sum_k q_ik k_jk exp(sum of the gates after j up to i) in float64, for gates from
+    """The safe anchor's diagonal sub-blocks, as the pairs kernel stores them (A strictly
+    lower, Aqk with its diagonal), entry by entry against sum_k q_ik k_jk exp(sum of the gates after j up to i) in float64, for gates from
     mild to -1e4 and -inf resets: exact to fp32 rounding of each entry's magnitude (a factor
     below fp32's normal range may flush), rows past a partial chunk's end left at zero."""
     from kreg.families.kda import kernels
@@ -482,7 +482,8 @@ def test_pairs_kernel_entries_match_float64_pairs(chunk):
     pqk = torch.full_like(pa, 7.0)
     kernels.kda_chunk_pairs_kernel[(nc, HV)](
         q, k, g, None, None, pa, pqk, None, None, None, T=T, H=H, HV=HV, lower_bound=0.0,
-        K=K, C=chunk, BS=BS, GATE_ACT=0, QK_L2=False, VARLEN=False, num_warps=1,
+        K=K, C=chunk, BS=BS, GATE_ACT=0, QK_L2=False, VARLEN=False, FP32_DOT="ieee",
+        num_warps=1,
     )  # fmt: skip
     qd, kd, gd = q[0].double(), k[0].double(), g[0].double()
     checked = 0
@@ -498,9 +499,12 @@ def test_pairs_kernel_entries_match_float64_pairs(chunk):
                 for j in range(t0, t + 1):
                     decay = torch.exp(gd[j + 1 : t + 1, hv].sum(0))  # [K]; -inf -> 0
                     for got, x in ((pqk, qd), (pa, kd)):
+                        if got is pa and j == t:  # A is strictly lower: its diagonal stays 0
+                            assert pa[c, hv, r, j - t0] == 0
+                            continue
                         terms = x[t, h] * kd[j, h] * decay
                         scale = (x[t, h] * kd[j, h]).abs().sum()
                         err = abs(got[c, hv, r, j - t0].item() - terms.sum().item())
                         assert err <= 1e-5 * scale + 1e-30, (c, hv, r, j, err, scale)
                         checked += 1
-    assert checked == 2 * HV * sum(t % BS + 1 for t in range(T))  # every entry j <= i
+    assert checked == HV * sum(2 * (t % BS) + 1 for t in range(T))  # Aqk j <= i, A j < i

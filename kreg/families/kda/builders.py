@@ -97,7 +97,7 @@ PAIRS_ROWS_PER_WARP = 16
 def pairs_launch(spec: KdaTileSpec) -> KernelLaunch:
     constexprs = dict(K=spec.head_dim_k, C=spec.chunk, BS=spec.solve_block,
                       GATE_ACT=kernels.GATE_ACT[spec.gate_activation], QK_L2=spec.qk_l2norm,
-                      VARLEN=spec.varlen)  # fmt: skip
+                      VARLEN=spec.varlen, FP32_DOT=spec.fp32_dot)  # fmt: skip
     warps = max(1, spec.chunk // PAIRS_ROWS_PER_WARP)
     return KernelLaunch(kernels.kda_chunk_pairs_kernel, constexprs, warps, 1)
 

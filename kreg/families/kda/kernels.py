@@ -50,8 +50,10 @@ FLUSH_LOG2 = tl.constexpr(127.0)
 
 @triton.constexpr_function
 def PAIR_CHANNELS(K):
-    """Channels per step of the pairwise diagonal: K halved while even and above 64."""
-    while K > 64 and K % 2 == 0:
+    """Channels per slice of the pairwise diagonal: K halved while even and above 16 (the
+    tree's [b, KS] tiles then fit one warp's registers at b = 16; 32 measured the same at
+    T8192 and 15% slower at T2048 on an H100)."""
+    while K > 16 and K % 2 == 0:
         K //= 2
     return K
 
@@ -72,13 +74,12 @@ def _block_row(x3, blk3, i):
 
 
 @triton.jit
-def _seg_cumsum(x, R: tl.constexpr, N: tl.constexpr, S: tl.constexpr, REVERSE: tl.constexpr):
-    """Cumsum of the [R, N] rows ``x`` within consecutive segments of S rows (reversed: the
-    suffix sum to the segment's end). Each value is a direct sum of its own terms, never a
-    difference of two larger sums."""
+def _seg_cumsum(x, R: tl.constexpr, N: tl.constexpr, S: tl.constexpr):
+    """Inclusive cumsum of the [R, N] rows ``x`` within consecutive segments of S rows. Each
+    value is a direct sum of its own terms, never a difference of two larger sums."""
     if S == 1:
         return x
-    return tl.reshape(tl.cumsum(tl.reshape(x, (R // S, S, N)), axis=1, reverse=REVERSE), (R, N))
+    return tl.reshape(tl.cumsum(tl.reshape(x, (R // S, S, N)), axis=1), (R, N))
 
 
 @triton.jit
@@ -111,18 +112,19 @@ def _nan_rows(x):
 def _pair_diag(
     q_ptr, k_ptr, g_ptr, alog_ptr, dtb_ptr, tok0, n, h, hv, H, HV, lower_bound, k_inv, q_inv,
     K: tl.constexpr, C: tl.constexpr, BS: tl.constexpr, GATE_ACT: tl.constexpr,
+    FP32_DOT: tl.constexpr,
 ):  # fmt: skip
-    """The diagonal sub-blocks of A and Aqk ([NB, BS, BS], every entry j <= i), pair by pair:
-    each factor exp(G_i - G_j) is exp2 of a non-positive difference of cumsums local to the
-    sub-block, so nothing overflows whatever the gates. A gate below -FLUSH_LOG2 is clamped
-    there first: any factor spanning it is below fp32's normal range either way, and the clamp
-    bounds the local sums (and their rounding); -inf resets need no case of their own. Every
-    entry is built from the gates up to its row only: causal by construction.
-
-    Column by column: column j of every sub-block at once, from its row j picked out of the
-    [NB, BS, KS] tiles (an exact select), so that no tile is wider than the chunk's own rows
-    (a 4D pairwise tile costs layout conversions through shared memory). Channels are taken KS
-    at a time (rows scaled by ``k_inv`` / ``q_inv``; zero past ``n``)."""
+    """The diagonal sub-blocks of A and Aqk ([NB, BS, BS], every entry j <= i), exact for any
+    gate, by halving: level s (BS/2, ..., 1) takes every pair whose j lies in the first and i
+    in the second half of an aligned group of 2s rows, anchored at the second half's first row
+    a: exp(G_i - G_j) = exp(sum of gates a..i) * exp(sum of gates j+1..a-1). Both are sums
+    local to the group (never a difference of two large cumsums) and both factors are at most
+    1 whatever the gates, so each level is one product of row-scaled tiles, not a factor per
+    pair. A gate below -FLUSH_LOG2 is clamped there first: any factor spanning it is below
+    fp32's normal range either way, and the clamp bounds the local sums (and their rounding);
+    -inf resets need no case of their own. Every entry is built from the gates up to its row
+    only: causal by construction. Channels are taken KS at a time (rows scaled by ``k_inv`` /
+    ``q_inv``; zero past ``n``)."""
     NB: tl.constexpr = C // BS
     KS: tl.constexpr = PAIR_CHANNELS(K)
     ri = tl.arange(0, BS)[None, :, None]
@@ -135,17 +137,32 @@ def _pair_diag(
         gs = _gates(g_ptr, alog_ptr, dtb_ptr, tok0, n, hv, HV, lower_bound, K, C, GATE_ACT,
                     c0, KS)  # fmt: skip
         gs = tl.maximum(gs * LOG2E, -FLUSH_LOG2)
-        h3 = tl.cumsum(tl.reshape(gs, (NB, BS, KS)), axis=1)
         k3 = tl.reshape(ks, (NB, BS, KS))
         q3 = tl.reshape(qs, (NB, BS, KS))
-        for j in tl.range(0, BS):
-            at_j = ri == j
-            hj = tl.sum(tl.where(at_j, h3, 0.0), axis=1)[:, None, :]  # row j, exactly
-            kj = tl.sum(tl.where(at_j, k3, 0.0), axis=1)[:, None, :]
-            kje = kj * tl.exp2(tl.where(ri >= j, h3 - hj, float("-inf")))  # [NB, BS, KS]
-            col = ci == j
-            a = tl.where(col, a + tl.sum(k3 * kje, axis=2)[:, :, None], a)
-            qk = tl.where(col, qk + tl.sum(q3 * kje, axis=2)[:, :, None], qk)
+        qk = tl.where(ri == ci, qk + tl.sum(q3 * k3, axis=2)[:, :, None], qk)  # exp(0)
+        for lvl in tl.static_range(BS.bit_length() - 1):
+            a, qk = _pair_level(k3, q3, gs, a, qk, BS >> (lvl + 1), C, BS, KS, FP32_DOT)
+    return a, qk
+
+
+@triton.jit
+def _pair_level(k3, q3, gs, a, qk, S: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
+                KS: tl.constexpr, FP32_DOT: tl.constexpr):  # fmt: skip
+    """One level of ``_pair_diag``: the pairs across the halves (S rows each) of every aligned
+    group of 2S rows, added to ``a`` and ``qk``."""
+    NB: tl.constexpr = C // BS
+    ri = tl.arange(0, BS)[None, :, None]
+    ci = tl.arange(0, BS)[None, None, :]
+    # exp(sum a..i): inclusive from the start of i's half; exp(sum j+1..a-1): to the end of j's
+    pre = tl.reshape(_seg_cumsum(gs, C, KS, S), (C // S, S, KS))
+    tot = tl.sum(tl.reshape(gs, (C // S, S, KS)), axis=1)[:, None, :]
+    rows_f = tl.exp2(tl.reshape(pre, (NB, BS, KS)))
+    cols_f = tl.exp2(tl.reshape(tot - pre, (NB, BS, KS)))
+    kct = tl.permute(k3 * cols_f, (0, 2, 1))
+    G: tl.constexpr = 2 * S
+    across = ((ri // G) == (ci // G)) & ((ri % G) >= S) & ((ci % G) < S)
+    a = tl.where(across, a + tl.dot(k3 * rows_f, kct, input_precision=FP32_DOT), a)
+    qk = tl.where(across, qk + tl.dot(q3 * rows_f, kct, input_precision=FP32_DOT), qk)
     return a, qk
 
 
@@ -206,7 +223,7 @@ def _chunk_tiles(
     bad = (_nan_rows(k + resets) + v_bad + beta * 0.0) != 0.0  # NaN != 0
     f = tl.min(tl.where(bad, rows, C))
     gl = tl.where((rows < f)[:, None], gl, 0.0)
-    gin = _seg_cumsum(gl, C, K, BS, False)  # from the sub-block's start, inclusive
+    gin = _seg_cumsum(gl, C, K, BS)  # from the sub-block's start, inclusive
     if ANCHOR == ANCHOR_BLOCK:  # cut at the first row past the span (exact up to it)
         fits = tl.min(gin, axis=1) >= -MAX_SPAN_LOG2
         f = tl.minimum(f, tl.min(tl.where(fits, C, rows)))
@@ -241,10 +258,11 @@ def _chunk_tiles(
         # the pairs kernel's entries (every row; rows from the cut are dropped below)
         a_diag = tl.reshape(tl.load(_tile_ptrs(pa_t, c, hv, HV, C, BS)), (NB, BS, BS))
         qk_diag = tl.reshape(tl.load(_tile_ptrs(pqk_t, c, hv, HV, C, BS)), (NB, BS, BS))
-        # K exp(P_next(J) - G_j) from a reverse local sum of the gates after j (clamped, as the
-        # pairs take them): a direct sum, never a difference of two large ones
-        gsuf = tl.maximum(gl, -FLUSH_LOG2)
-        gsuf = tl.reshape(_seg_cumsum(gsuf, C, K, BS, True) - gsuf, (NB, BS, K))
+        # K exp(P_next(J) - G_j) from the sub-block's total less the inclusive prefix at j, both
+        # local sums of clamped gates (as the pairs take them), never of cumsums across chunks;
+        # not tl.cumsum(reverse=True), which compiles to flips (shuffles)
+        gc3 = tl.reshape(tl.maximum(gl, -FLUSH_LOG2), (NB, BS, K))
+        gsuf = tl.sum(gc3, axis=1)[:, None, :] - tl.cumsum(gc3, axis=1)
         kr3 = k3 * tl.exp2(tl.minimum(gsuf, 0.0))
     else:
         kd3t = tl.permute(k3 * tl.exp2(-gin3), (0, 2, 1))  # >= 1, finite: every row fits
@@ -531,13 +549,13 @@ def kda_chunk_pairs_kernel(
     chunk_seq, seq_chunk, cu_seqlens,
     T, H, HV, lower_bound,
     K: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
-    GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, VARLEN: tl.constexpr,
+    GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, VARLEN: tl.constexpr, FP32_DOT: tl.constexpr,
 ):  # fmt: skip
     """Safe anchor, first kernel of the split and fused paths: the diagonal sub-blocks of A and
     Aqk of one chunk x value head pair by pair (``_pair_diag``), stored [NC, HV, C, BS] fp32.
-    Its own kernel, one warp per 16 rows (builders.PAIRS_ROWS_PER_WARP): the column loop's
-    row picks and channel sums stay inside a warp, where inside the prep (2 warps, large tiles)
-    their latency was exposed."""
+    Its own kernel, one warp per 16 rows (builders.PAIRS_ROWS_PER_WARP): the tree's scans and
+    reductions stay inside a warp (shuffles, no shared-memory round trip) at 142 registers;
+    inside the prep (2 warps, large tiles) the pairs spilled or exposed their latency."""
     c = tl.program_id(0)
     hv = tl.program_id(1)
     h = hv // (HV // H)
@@ -551,7 +569,7 @@ def kda_chunk_pairs_kernel(
             qq = _rows(q + h * K, tok0, n, H * K, K, C)
             q_inv = tl.rsqrt(tl.sum(qq * qq, axis=1) + 1e-6)[:, None]
         a, qk = _pair_diag(q, k, g, alog, dtb, tok0, n, h, hv, H, HV, lower_bound, k_inv, q_inv,
-                           K, C, BS, GATE_ACT)  # fmt: skip
+                           K, C, BS, GATE_ACT, FP32_DOT)  # fmt: skip
         tl.store(_tile_ptrs(pa_t, c, hv, HV, C, BS), tl.reshape(a, (C, BS)))
         tl.store(_tile_ptrs(pqk_t, c, hv, HV, C, BS), tl.reshape(qk, (C, BS)))
 
