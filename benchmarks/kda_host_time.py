@@ -11,6 +11,9 @@ with ``cu_seqlens_cpu`` beside them, to show the device-only path launches the s
 Writes ``host_time.json`` under ``--out``::
 
     PYTHONPATH=. python3 benchmarks/kda_host_time.py --out OUT [--calls 200] [--reps 7]
+
+``--profile CASE...`` instead profiles kreg's planned calls of the cases named (cProfile, the
+functions by own time) into ``profile.txt``: where a planned call's host time goes.
 """
 
 from __future__ import annotations
@@ -132,12 +135,44 @@ def run_case(name, kind, H, lengths, fla_fns, calls, reps):
     return row
 
 
+def profile(names, out: Path, calls: int) -> None:
+    import cProfile
+    import io
+    import pstats
+
+    text = io.StringIO()
+    for name, kind, H, lengths in CASES:
+        if name not in names:
+            continue
+        x, kw = make(H, lengths)
+        fn = kreg_fla.chunk_kda if kind == "prefill" else kreg_fla.fused_recurrent_kda
+        for _ in range(3):
+            fn(**x, **kw)
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(calls):
+            fn(**x, **kw)
+        prof.disable()
+        torch.cuda.synchronize()
+        text.write(f"== {name}: {calls} planned calls ==\n")
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+    (out / "profile.txt").write_text(text.getvalue())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "host_time_out"))
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--profile", nargs="+", metavar="CASE", help="profile these cases instead")
     args = ap.parse_args()
+    if args.profile:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        with torch.no_grad():
+            profile(set(args.profile), out, args.calls)
+        return
     chunk, recurrent, version = load_fla()
     if chunk is None:
         print(f"fla-core {version}: kreg rows only", file=sys.stderr)

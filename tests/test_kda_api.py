@@ -596,15 +596,53 @@ def test_the_default_problem_is_unbounded_and_takes_the_safe_anchor():
     assert bounded.spec.tile.anchor == "block"
 
 
+# --- a selection runs through its candidate ----------------------------------------------------
+
+
+def test_every_kda_candidate_runs_its_own_launcher(no_launch):
+    """Each candidate's ``run`` reaches its own launcher (patched to raise here)."""
+    from kreg.families.kda.plugin import FAMILY
+
+    for candidate in FAMILY.candidates:
+        with pytest.raises(Launched):
+            candidate.run(None, None)
+    names = {c.name: c.run.__name__ for c in FAMILY.candidates}
+    assert names == {"kda.split": "run_split", "kda.recurrent": "run_recurrent",
+                     "kda.fused": "run_fused"}  # fmt: skip
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_run_selection_goes_through_the_candidate_not_its_name(pad, monkeypatch):
+    """A candidate renamed and given another ``run`` is run as it is (no switch on names), and
+    its outputs come back at the caller's head dims."""
+    import attrs
+
+    monkeypatch.setattr(api, "interpreting", lambda: True)  # CPU tensors pass the device check
+    args = make(K=24, V=24) if pad else make()
+    problem, prepared = api._prepare(**args, output_final_state=True)
+    sel = select(problem, "sm90")
+    seen = []
+
+    def run(call, spec):
+        seen.append((call, spec))
+        V, K = call.v.shape[-1], call.k.shape[-1]
+        return call.v.clone(), torch.zeros(1, call.v.shape[2], K, V), None
+
+    renamed = attrs.evolve(sel.candidate, name="elsewhere.other", run=run)
+    o, ht = api.run_selection(attrs.evolve(sel, candidate=renamed), prepared, problem)
+    assert seen == [(prepared, sel.spec)]
+    assert o.shape == args["v"].shape and ht.shape[-2:] == (problem.head_dim_k, problem.head_dim_v)
+
+
 # --- pooled prefill: the chunked form's gather and scatter (plain torch, no device sync) ---------
 
 
 def test_gather_slots_reads_slots_zeros_for_negative_nan_past_the_pool():
     pool = torch.arange(3 * 2 * 2 * 2, dtype=torch.float32).view(3, 2, 2, 2)
-    got = api._gather_slots(pool, torch.tensor([2, -1, 3, 0]))
+    got = launch.gather_slots(pool, torch.tensor([2, -1, 3, 0]))
     assert torch.equal(got[0], pool[2]) and torch.equal(got[3], pool[0])
     assert torch.equal(got[1], torch.zeros_like(pool[0])) and got[2].isnan().all()
-    empty = api._gather_slots(pool[:0], torch.tensor([-1, 0]))
+    empty = launch.gather_slots(pool[:0], torch.tensor([-1, 0]))
     assert (empty[0] == 0).all() and empty[1].isnan().all()
 
 
@@ -617,12 +655,12 @@ def test_scatter_slots_writes_only_valid_slots_whatever_the_clamped_duplicates()
     before = pool.clone()
     slots = torch.tensor([0, -1, P, 4, -7])
     final = torch.randn(len(slots), 2, 4, 4)
-    api._scatter_slots(pool, slots, final)
+    launch.scatter_slots(pool, slots, final)
     assert torch.equal(pool[0], final[0]) and torch.equal(pool[4], final[3])
     for slot in (1, 2, 3):
         assert torch.equal(pool[slot], before[slot])
     lone = before.clone()  # a clamped row onto a slot nobody owns keeps that slot's value
-    api._scatter_slots(lone, torch.tensor([-1, 2]), final[:2])
+    launch.scatter_slots(lone, torch.tensor([-1, 2]), final[:2])
     assert torch.equal(lone[0], before[0]) and torch.equal(lone[2], final[1])
 
 

@@ -127,6 +127,10 @@ class Candidate:
     # Predictions for those of ``specs`` it models; the lowest predicted time wins, after the
     # tuning table and before ``cost``. The payload's format is the family's own.
     predict: Callable[[Mapping, Sequence[Any], Any, Target], Sequence[Prediction]] | None = None
+    # ``run(call, spec)``: launch the spec's kernels on a call its family prepared (validated
+    # arguments, in whatever form the family's entry points build); returns the outputs. The
+    # family's entry runs a selection through it, never by switching on candidate names.
+    run: Callable[[Any, Any], Any] | None = None
     priority: int = 0  # higher wins between candidates
     opt_in: bool = False
     opt_in_reason: str = ""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import numbers
 
-import attrs
 import numpy as np
 import torch
 
@@ -129,7 +128,7 @@ def kda_prefill(
     itself, whatever ``output_final_state``. A negative index (SGLang's padding slot, -1)
     starts from zeros and writes nothing back. ``kda.recurrent`` (decode) reads and writes the
     slots in its kernel; the chunked form (prefill) gathers the N slots' states into a buffer
-    and scatters the N final states back (``_gather_slots``, ``_scatter_slots``: torch ops
+    and scatters the N final states back (``launch.gather_slots``, ``launch.scatter_slots``: torch ops
     without a device sync, so a captured graph can hold them). The pool must be contiguous
     (a strided one is refused: it would be read through a copy). The index values
     are checked before launch (an index >= P, or a slot two sequences share, raises
@@ -276,24 +275,10 @@ def _plan_roles(call: launch.Call, inputs: dict) -> dict:
 
 def run_selection(selection, call: launch.Call, problem: LinearAttentionProblem,
                   trim_chunk_states: bool = True):  # fmt: skip
-    """Launch the selected candidate's kernels on prepared tensors."""
-    spec = selection.spec
-    if selection.candidate.name == "kda.recurrent":  # no chunk states: the candidate refuses them
-        o, ht = launch.run_recurrent(call, spec)[:2]
-        # a pool (always at kernel head dims: make_call) comes back whole
-        ht = ht if call.state_indices is not None else _unpad(ht, problem, problem.state_layout)
-        return _unpad(o, problem, "o"), ht
-    pool, slots = call.initial_state, call.state_indices
-    if slots is not None:  # the chunked kernels read and write [N, ...] states
-        call = attrs.evolve(call, initial_state=_gather_slots(pool, slots), state_indices=None,
-                            output_final_state=True)  # fmt: skip
-    if selection.candidate.name == "kda.fused":
-        o, ht, hs = launch.run_fused(call, spec)
-    else:
-        o, ht, hs = launch.run_split(call, spec.tile, spec.scan)
-    if slots is not None:  # a pool is at kernel head dims (make_call): nothing to unpad
-        _scatter_slots(pool, slots, ht)
-        ht = pool
+    """Launch the selected candidate's kernels on prepared tensors (``candidate.run``), and
+    give back the outputs at the caller's head dims (a pool is always at the kernels' head
+    dims, ``make_call``, so it comes back whole)."""
+    o, ht, hs = selection.candidate.run(call, selection.spec)
     o, ht = _unpad(o, problem, "o"), _unpad(ht, problem, problem.state_layout)
     if not problem.output_chunk_states:
         return o, ht
@@ -301,42 +286,6 @@ def run_selection(selection, call: launch.Call, problem: LinearAttentionProblem,
         rows = _total_chunks(call, call.chunk_states_size)
         hs = hs[:rows] if rows is not None and rows < hs.shape[0] else hs
     return o, ht, _unpad(hs, problem, problem.state_layout)
-
-
-def _gather_slots(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """The start states ``[N, ...]`` of pooled sequences, in the pool's dtype: slot ``slots[n]``,
-    zeros for a negative slot, NaN past the pool (that sequence's outputs become NaN, as
-    ``kda.recurrent`` makes them; nothing outside the pool is read). No device sync."""
-    P = pool.shape[0]
-    inside = ((slots >= 0) & (slots < P)).view(-1, 1, 1, 1)
-    if P == 0:
-        rows = pool.new_zeros((slots.shape[0], *pool.shape[1:]))
-    else:
-        rows = pool.index_select(0, slots.clamp(0, P - 1))
-    fill = torch.where(slots < 0, 0.0, float("nan")).to(pool.dtype).view(-1, 1, 1, 1)
-    return torch.where(inside, rows, fill)
-
-
-def _scatter_slots(pool: torch.Tensor, slots: torch.Tensor, final: torch.Tensor) -> None:
-    """Write the final states ``[N, ...]`` into their slots of ``pool``, in place, skipping
-    negative slots and slots past the pool, without a device sync (so no boolean indexing).
-    Every row writes to its slot clamped into the pool; a row that must not write stores the
-    value its clamped slot ends with anyway (the final state of the sequence that owns that
-    slot, else the slot's own value), so the duplicate writes all carry one value and
-    ``index_copy_`` is deterministic. Two sequences given one slot (not detectable here without
-    a sync) race, as in ``kda.recurrent``: the documented contract."""
-    P = pool.shape[0]
-    if P == 0:
-        return
-    inside = (slots >= 0) & (slots < P)
-    target = slots.clamp(0, P - 1)
-    owns = (target[:, None] == slots[None, :]) & inside[None, :]  # [n, m]: m owns n's target
-    owner = torch.where(inside, torch.arange(slots.shape[0], device=slots.device),
-                        owns.to(torch.int8).argmax(1))  # fmt: skip
-    owned = owns.any(1).view(-1, 1, 1, 1)
-    value = torch.where(owned, final.index_select(0, owner).to(pool.dtype),
-                        pool.index_select(0, target))  # fmt: skip
-    pool.index_copy_(0, target, value)
 
 
 def _total_chunks(call: launch.Call, chunk: int) -> int | None:

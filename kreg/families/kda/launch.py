@@ -156,10 +156,65 @@ def _n_states(call: Call) -> int:
     return call.q.shape[0] if call.cu_seqlens is None else call.cu_seqlens.numel() - 1
 
 
-def run_split(call: Call, tile, scan):
-    """Prep kernel then scan kernel. Returns (o, final_state, chunk_states)."""
-    call, tables = chunk_tables(call, tile.chunk)
-    return run_scan(call, tile, scan, tables, run_prep(call, tile, tables))
+def run_split(call: Call, spec):
+    """``kda.split``: pairs (safe anchor), prep and scan kernels. Returns (o, final_state,
+    chunk_states)."""
+    return _pooled(call, spec, _split)
+
+
+def _split(call: Call, spec):
+    call, tables = chunk_tables(call, spec.tile.chunk)
+    return run_scan(call, spec.tile, spec.scan, tables, run_prep(call, spec.tile, tables))
+
+
+def _pooled(call: Call, spec, run):
+    """``run(call, spec)`` of a chunked path, which reads and writes [N, ...] states: a pool's
+    N slots are gathered into a buffer and the final states scattered back into the pool,
+    which is returned as the final state."""
+    pool, slots = call.initial_state, call.state_indices
+    if slots is None:
+        return run(call, spec)
+    call = attrs.evolve(call, initial_state=gather_slots(pool, slots), state_indices=None,
+                        output_final_state=True)  # fmt: skip
+    o, ht, hs = run(call, spec)
+    scatter_slots(pool, slots, ht)
+    return o, pool, hs
+
+
+def gather_slots(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """The start states ``[N, ...]`` of pooled sequences, in the pool's dtype: slot ``slots[n]``,
+    zeros for a negative slot, NaN past the pool (that sequence's outputs become NaN, as
+    ``kda.recurrent`` makes them; nothing outside the pool is read). No device sync."""
+    P = pool.shape[0]
+    inside = ((slots >= 0) & (slots < P)).view(-1, 1, 1, 1)
+    if P == 0:
+        rows = pool.new_zeros((slots.shape[0], *pool.shape[1:]))
+    else:
+        rows = pool.index_select(0, slots.clamp(0, P - 1))
+    fill = torch.where(slots < 0, 0.0, float("nan")).to(pool.dtype).view(-1, 1, 1, 1)
+    return torch.where(inside, rows, fill)
+
+
+def scatter_slots(pool: torch.Tensor, slots: torch.Tensor, final: torch.Tensor) -> None:
+    """Write the final states ``[N, ...]`` into their slots of ``pool``, in place, skipping
+    negative slots and slots past the pool, without a device sync (so no boolean indexing).
+    Every row writes to its slot clamped into the pool; a row that must not write stores the
+    value its clamped slot ends with anyway (the final state of the sequence that owns that
+    slot, else the slot's own value), so the duplicate writes all carry one value and
+    ``index_copy_`` is deterministic. Two sequences given one slot (not detectable here without
+    a sync) race, as in ``kda.recurrent``: the documented contract."""
+    P = pool.shape[0]
+    if P == 0:
+        return
+    inside = (slots >= 0) & (slots < P)
+    target = slots.clamp(0, P - 1)
+    owns = (target[:, None] == slots[None, :]) & inside[None, :]  # [n, m]: m owns n's target
+    owner = torch.where(inside, torch.arange(slots.shape[0], device=slots.device),
+                        owns.to(torch.int8).argmax(1))  # fmt: skip
+    owned = owns.any(1).view(-1, 1, 1, 1)
+    value = torch.where(owned, final.index_select(0, owner).to(pool.dtype),
+                        pool.index_select(0, target))  # fmt: skip
+    pool.index_copy_(0, target, value)
 
 
 def run_prep(call: Call, tile, tables):
@@ -242,7 +297,12 @@ def _scan_scalars(call: Call, chunk: int, segment_chunks: int) -> dict:
 
 
 def run_fused(call: Call, spec):
-    """The fused kernel alone. Returns (o, final_state, chunk_states)."""
+    """``kda.fused``: the pairs kernel (safe anchor), then the fused kernel. Returns (o,
+    final_state, chunk_states)."""
+    return _pooled(call, spec, _fused)
+
+
+def _fused(call: Call, spec):
     tile = spec.tile
     call, tables = chunk_tables(call, tile.chunk)
     seq_chunk = tables[0]

@@ -85,7 +85,7 @@ def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target
     # one cost for both anchors: the safe anchor's pairwise diagonal is in the tuning's timings
     units = waves * steps * (1.0 + width) + 0.01 * spec.tile.num_warps
     # microseconds, as recurrent's, with the same state traffic; a pool's slots are gathered
-    # into a buffer and scattered back (api._gather_slots): about two more passes, two launches
+    # into a buffer and scattered back (launch.gather_slots): about two more passes, two launches
     pool_us = (
         2 * (recurrent.state_traffic_us(problem) + recurrent.LAUNCH_US)
         if problem.state_pool
@@ -100,9 +100,23 @@ def fused_cost(spec: specs.KdaChunkFusedSpec, problem: LinearAttentionProblem, t
     return -(-tokens // spec.tile.chunk) + 0.01 * spec.tile.num_warps
 
 
+def _launcher(name: str):
+    """``launch.<name>(call, spec)`` as a candidate's ``run``, imported at the first launch:
+    registering the family (the CLI, the CPU producers) does not import torch's launch path."""
+
+    def run(call, spec):
+        from . import launch
+
+        return getattr(launch, name)(call, spec)
+
+    run.__name__ = run.__qualname__ = name
+    return run
+
+
 SPLIT = Candidate(
     name="kda.split",
     family=FAMILY_NAME,
+    run=_launcher("run_split"),
     problem_type=LinearAttentionProblem,
     spec_types=(specs.KdaTileSpec, specs.KdaScanSpec),
     enumerate_specs=specs.enumerate_split_specs,
@@ -140,6 +154,7 @@ SPLIT = Candidate(
 RECURRENT = Candidate(
     name="kda.recurrent",
     family=FAMILY_NAME,
+    run=_launcher("run_recurrent"),
     problem_type=LinearAttentionProblem,
     spec_types=(recurrent.KdaRecurrentSpec,),
     enumerate_specs=recurrent.enumerate_recurrent_specs,
@@ -160,6 +175,7 @@ RECURRENT = Candidate(
 FUSED = Candidate(
     name="kda.fused",
     family=FAMILY_NAME,
+    run=_launcher("run_fused"),
     problem_type=LinearAttentionProblem,
     spec_types=(specs.KdaChunkFusedSpec,),
     enumerate_specs=specs.enumerate_fused_specs,
