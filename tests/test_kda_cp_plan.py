@@ -65,3 +65,38 @@ def test_empty_sequence_at_zero_belongs_to_rank_0():
     plans = [plan_cp((0, 0, 10), r, cu_seqlens=(0, 0, 10)) for r in range(2)]
     assert plans[0].seqs == (0,) and plans[0].owned == (0,) and plans[0].local_cu == (0, 0)
     assert plans[1].seqs == (1,) and plans[1].preds == ((),)
+
+
+# --- its arguments: kda_prefill's, bound by its signature ----------------------------------------
+
+
+def test_kda_prefill_cp_takes_kda_prefill_keywords_and_its_own():
+    import inspect
+
+    from kreg.families.kda import api
+    from kreg.families.kda.context_parallel import kda_prefill_cp
+
+    got = inspect.signature(kda_prefill_cp).parameters
+    ref = api.PREFILL_SIGNATURE.parameters
+    assert [n for n in got if n not in ("group", "cp_offsets")] == list(ref)
+    assert all(got[n] == p for n, p in ref.items())
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [("output_chunk_states", True), ("chunk_states_size", 128), ("initial_state_indices", 0),
+     ("initial_state_indices_cpu", 0), ("chunk_states_dtype", "bf16")],
+)  # fmt: skip
+def test_what_context_parallel_does_not_serve_is_refused_by_name(name, value):
+    """Refused before the process group is looked at (none exists here)."""
+    import torch
+
+    from kreg.families.kda.context_parallel import prepare_cp
+
+    x = [torch.zeros(1, 4, 1, 16)] * 4 + [torch.zeros(1, 4, 1)]
+    value = torch.zeros(1, dtype=torch.int64) if value == 0 else value
+    value = torch.bfloat16 if value == "bf16" else value
+    with pytest.raises(ValueError, match=f"^{name}: not served with context parallelism"):
+        prepare_cp(*x, group=None, **{name: value})
+    with pytest.raises(TypeError):
+        prepare_cp(*x, group=None, no_such_option=1)

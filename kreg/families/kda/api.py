@@ -9,6 +9,7 @@ interpreter (``TRITON_INTERPRET=1`` must be set before kreg is imported).
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 
@@ -153,6 +154,33 @@ def kda_prefill(
         initial_state_indices_cpu=initial_state_indices_cpu,
         algorithm=algorithm, allow_opt_in=allow_opt_in, target=target,
     )  # fmt: skip
+
+
+PREFILL_SIGNATURE = inspect.signature(kda_prefill)
+PREFILL_DEFAULTS = {n: p.default for n, p in PREFILL_SIGNATURE.parameters.items()
+                    if p.default is not p.empty}  # fmt: skip
+
+
+def prefill_arguments(q, k, v, g, beta, **options) -> dict:
+    """Every argument of ``kda_prefill`` by name, its defaults filled in, as a call binds them:
+    the one signature the other entries (custom op, context parallel) take their keywords from.
+    An unknown or repeated keyword raises ``TypeError``, as the call would."""
+    bound = PREFILL_SIGNATURE.bind(q, k, v, g, beta, **options)
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def given(arguments: dict, name: str) -> bool:
+    """Whether ``arguments`` (``prefill_arguments``) sets ``name`` other than to its default."""
+    value, default = arguments[name], PREFILL_DEFAULTS[name]
+    if default is None:
+        return value is not None
+    return not (type(value) is type(default) and value == default)
+
+
+def validated(arguments: dict) -> dict:
+    """The options of ``arguments`` (``prefill_arguments``) that ``_validate`` checks, by name."""
+    return {name: arguments[name] for name in _VALIDATED}
 
 
 def run_prefill(q, k, v, g, beta, *, algorithm="auto", allow_opt_in=False, target=None,
@@ -535,6 +563,10 @@ def _check_device(q) -> None:
                        "use fp16 or fp32 on CPU")  # fmt: skip
     elif device.type != "cuda":
         _fail("q", f"device {device} not supported (cuda, or cpu under the interpreter)")
+
+
+# _validate's options (after the five tensors): kda_prefill's keywords less the selection's
+_VALIDATED = tuple(inspect.signature(_validate).parameters)[5:]
 
 
 def _prepare(

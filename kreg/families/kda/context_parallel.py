@@ -24,6 +24,7 @@ specs.
 
 from __future__ import annotations
 
+import inspect
 import numbers
 
 import attrs
@@ -134,35 +135,10 @@ class CpCall:
     initial_state: torch.Tensor | None  # the global initial states, as given
     state_layout: str
     output_final_state: bool
+    allow_opt_in: bool
 
 
-def kda_prefill_cp(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    *,
-    group,
-    cp_offsets=None,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    gate_lower_bound: float | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    cu_seqlens_cpu: torch.Tensor | None = None,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    gate_activation: str = "none",
-    use_qk_l2norm: bool = False,
-    use_beta_sigmoid: bool = False,
-    state_layout: str = "kv",
-    output_chunk_states: bool = False,
-    algorithm: str = "auto",
-    allow_opt_in: bool = False,
-    target=None,
-    max_seqlen: int | None = None,
-):
+def kda_prefill_cp(q, k, v, g, beta, *, group, cp_offsets=None, **options):
     """``kda_prefill`` of one batch whose token axis is split over the ranks of ``group`` (a
     ``torch.distributed`` process group; every rank calls this with its slice). Returns
     ``(o, final_state)``: ``o`` the slice's outputs, ``final_state`` the final states of the
@@ -183,46 +159,44 @@ def kda_prefill_cp(
     rank whose arguments are refused raises before the collective (and the others then wait in
     it, as with any collective).
     """
-    cp = prepare_cp(
-        q, k, v, g, beta, group=group, cp_offsets=cp_offsets, scale=scale,
-        initial_state=initial_state, output_final_state=output_final_state,
-        gate_lower_bound=gate_lower_bound, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
-        A_log=A_log, dt_bias=dt_bias, gate_activation=gate_activation,
-        use_qk_l2norm=use_qk_l2norm, use_beta_sigmoid=use_beta_sigmoid,
-        state_layout=state_layout, output_chunk_states=output_chunk_states,
-        algorithm=algorithm, target=target, max_seqlen=max_seqlen,
-    )  # fmt: skip
+    cp = prepare_cp(q, k, v, g, beta, group=group, cp_offsets=cp_offsets, **options)
     selection = select_kda(cp.problem, cp.target, algorithm="kda.split",
-                           allow_opt_in=allow_opt_in)  # fmt: skip
+                           allow_opt_in=cp.allow_opt_in)  # fmt: skip
     return run_cp(cp, selection)
 
 
-def prepare_cp(q, k, v, g, beta, *, group, cp_offsets, scale, initial_state, output_final_state,
-               gate_lower_bound, cu_seqlens, cu_seqlens_cpu, A_log, dt_bias, gate_activation,
-               use_qk_l2norm, use_beta_sigmoid, state_layout, output_chunk_states, algorithm,
-               target, max_seqlen) -> CpCall:  # fmt: skip
-    """Validate one rank's arguments (each once: ``api._validate`` checks the slice's tensors
-    and the global options) and plan its slice."""
+# kda_prefill's keywords context parallelism does not serve: pools are per engine step, chunk
+# states are local to each slice
+_NOT_SERVED = ("output_chunk_states", "initial_state_indices", "initial_state_indices_cpu",
+               "chunk_states_size", "chunk_states_dtype")  # fmt: skip
+
+
+def prepare_cp(q, k, v, g, beta, *, group, cp_offsets=None, **options) -> CpCall:
+    """Validate one rank's arguments (``options``: ``kda_prefill``'s keywords, bound by its
+    signature; each checked once: ``api._validate`` checks the slice's tensors and the global
+    options) and plan its slice."""
+    a = api.prefill_arguments(q, k, v, g, beta, **options)
+    for name in _NOT_SERVED:
+        if api.given(a, name):
+            api._fail(name, "not served with context parallelism: chunks are local to each "
+                            "rank's slice, and state pools to one engine's step")  # fmt: skip
+    algorithm, target, max_seqlen = a["algorithm"], a["target"], a["max_seqlen"]
+    cu_seqlens, initial_state = a["cu_seqlens"], a["initial_state"]
+    output_final_state, state_layout = a["output_final_state"], a["state_layout"]
     rank, world = _group(group)
     if algorithm not in ("auto", "kda.split", "split"):
         api._fail("algorithm", f"context parallel runs kda.split (its segment maps carry the "
                                f"state across ranks): 'auto' or 'kda.split', got {algorithm!r}")  # fmt: skip
-    if output_chunk_states is not False:
-        api._fail("output_chunk_states", "not served with context parallelism: chunks are local "
-                                         "to each rank's slice")  # fmt: skip
     T_r = int(q.shape[1]) if isinstance(q, torch.Tensor) and q.dim() == 4 else None
     stand = _stand_ins(q, k, v, g, beta) if T_r == 0 else (q, k, v, g, beta)
-    checked = api._validate(
-        *stand, scale, initial_state, output_final_state, gate_lower_bound, cu_seqlens,
-        cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm, use_beta_sigmoid,
-        state_layout, False, None,
-    )  # fmt: skip
+    # max_seqlen is the whole batch's: checked against its length below
+    checked = api._validate(*stand, **{**api.validated(a), "max_seqlen": None})
     api._check_device(q)
     sel_target = api._target(q, target)
     varlen = cu_seqlens is not None
     offsets = _check_offsets(cp_offsets, rank, world, T_r)
     if varlen:  # the global offsets: validated against the whole batch's length
-        cu_host, _ = api._offsets(cu_seqlens, cu_seqlens_cpu, offsets[-1], q.device)
+        cu_host, _ = api._offsets(cu_seqlens, a["cu_seqlens_cpu"], offsets[-1], q.device)
         if max_seqlen is not None:
             api.longest_seq(cu_host, api._check_max_seqlen(max_seqlen, offsets[-1], True))
     else:
@@ -254,7 +228,8 @@ def prepare_cp(q, k, v, g, beta, *, group, cp_offsets, scale, initial_state, out
         )  # fmt: skip
     return CpCall(plan=plan, group=group, problem=problem, call=call, target=sel_target, v=v,
                   k_dim=int(q.shape[-1]), initial_state=initial_state, state_layout=state_layout,
-                  output_final_state=output_final_state)  # fmt: skip
+                  output_final_state=output_final_state,
+                  allow_opt_in=a["allow_opt_in"])  # fmt: skip
 
 
 def _group(group):
@@ -437,3 +412,13 @@ def _incoming(cp: CpCall, gathered: torch.Tensor, scan, fp32_dot: str) -> torch.
         out = _combine(chain, h0c, [c + 1 for c in counts], x_scan, 1, fp32_dot, 1)
         starts[cont] = out[torch.arange(len(cont)), torch.tensor(counts)]
     return starts
+
+
+kda_prefill_cp.__signature__ = prefill_cp_signature = api.PREFILL_SIGNATURE.replace(
+    parameters=[
+        *list(api.PREFILL_SIGNATURE.parameters.values())[:5],
+        inspect.Parameter("group", inspect.Parameter.KEYWORD_ONLY),
+        inspect.Parameter("cp_offsets", inspect.Parameter.KEYWORD_ONLY, default=None),
+        *list(api.PREFILL_SIGNATURE.parameters.values())[5:],
+    ]
+)

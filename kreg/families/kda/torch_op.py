@@ -92,10 +92,18 @@ from . import api
 OP_NAME = "kreg::kda_prefill"
 FP32 = torch.float32
 
-_OPTIONAL_TENSORS = ("initial_state", "cu_seqlens", "cu_seqlens_cpu", "A_log", "dt_bias")
-_BOOLS = ("output_final_state", "use_qk_l2norm", "use_beta_sigmoid", "output_chunk_states",
-          "allow_opt_in")  # fmt: skip
-_STRINGS = ("gate_activation", "state_layout", "algorithm")
+# kda_prefill's arguments that the op's schema cannot carry: a pool is written in place, which
+# the schema does not declare
+_POOL_ARGS = ("initial_state_indices", "initial_state_indices_cpu")
+# the wrapper's type checks (what the schema cannot carry raises by name), from the annotations
+_OPTIONAL_TENSORS, _BOOLS, _STRINGS = (
+    tuple(
+        n
+        for n, p in api.PREFILL_SIGNATURE.parameters.items()
+        if p.annotation == kind and n not in _POOL_ARGS
+    )
+    for kind in ("torch.Tensor | None", "bool", "str")
+)
 
 
 def _fail(name: str, message: str):
@@ -169,88 +177,82 @@ def _problem_from_shapes(
     )  # fmt: skip
 
 
-@torch.library.custom_op(OP_NAME, mutates_args=())
-def _kda_prefill_impl(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    gate_lower_bound: float | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    cu_seqlens_cpu: torch.Tensor | None = None,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    gate_activation: str = "none",
-    use_qk_l2norm: bool = False,
-    use_beta_sigmoid: bool = False,
-    state_layout: str = "kv",
-    output_chunk_states: bool = False,
-    algorithm: str = "auto",
-    allow_opt_in: bool = False,
-    target: str | None = None,
-    max_seqlen: int | None = None,
-    chunk_states_size: int = 64,
-    chunk_states_dtype: torch.dtype | None = None,  # None: fp32
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Real implementation: ``kda_prefill`` (which validates everything), outputs padded to the
-    op's three-tensor convention (module docstring)."""
-    _reject_varlen_chunk_states(cu_seqlens, output_chunk_states)
-    out = api.kda_prefill(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state,
-        output_final_state=output_final_state, gate_lower_bound=gate_lower_bound,
-        cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, A_log=A_log, dt_bias=dt_bias,
-        gate_activation=gate_activation, use_qk_l2norm=use_qk_l2norm,
-        use_beta_sigmoid=use_beta_sigmoid, state_layout=state_layout,
-        output_chunk_states=output_chunk_states, algorithm=algorithm,
-        allow_opt_in=allow_opt_in, target=target, max_seqlen=max_seqlen,
-        chunk_states_size=chunk_states_size, chunk_states_dtype=chunk_states_dtype or FP32,
-    )  # fmt: skip
-    tail = _state_tail(q, v, state_layout)
-    o, ht = out[0], out[1]
-    hs = out[2] if output_chunk_states else None
-    return (
-        o,
-        ht if ht is not None else _absent(v, tail),
-        hs.contiguous() if hs is not None else _absent(v, tail),
+def _op_signature() -> inspect.Signature:
+    """The op's schema, from ``kda_prefill``'s signature (one list of arguments): its arguments
+    less the pool's, in its order, each positional-or-keyword (custom ops take no keyword-only
+    tensors); ``target`` a registered target's name; ``chunk_states_dtype`` None for fp32."""
+    params = []
+    for p in api.PREFILL_SIGNATURE.parameters.values():
+        if p.name in _POOL_ARGS:
+            continue
+        p = p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        if p.name == "target":
+            p = p.replace(annotation="str | None")
+        elif p.name == "chunk_states_dtype":
+            p = p.replace(annotation="torch.dtype | None", default=None)
+        params.append(p)
+    return inspect.Signature(
+        params, return_annotation="tuple[torch.Tensor, torch.Tensor, torch.Tensor]"
     )
 
 
-@_kda_prefill_impl.register_fake
-def _kda_prefill_fake(
-    q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-    gate_lower_bound=None, cu_seqlens=None, cu_seqlens_cpu=None, A_log=None, dt_bias=None,
-    gate_activation="none", use_qk_l2norm=False, use_beta_sigmoid=False, state_layout="kv",
-    output_chunk_states=False, algorithm="auto", allow_opt_in=False, target=None,
-    max_seqlen=None, chunk_states_size=64, chunk_states_dtype=None,
-):  # fmt: skip
+_OP_SIGNATURE = _op_signature()
+
+
+def _op_arguments(args, kwargs) -> dict:
+    """The op's arguments by name (defaults filled in), ``chunk_states_dtype`` None -> fp32, and
+    None for the pool's arguments: what ``kda_prefill`` and ``api._validate`` take."""
+    bound = _OP_SIGNATURE.bind(*args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    a["chunk_states_dtype"] = a["chunk_states_dtype"] or FP32
+    _reject_varlen_chunk_states(a["cu_seqlens"], a["output_chunk_states"])
+    return a
+
+
+def _kda_prefill_impl(*args, **kwargs):
+    """Real implementation: ``kda_prefill`` (which validates everything), outputs padded to the
+    op's three-tensor convention (module docstring)."""
+    a = _op_arguments(args, kwargs)
+    out = api.kda_prefill(**a)
+    tail = _state_tail(a["q"], a["v"], a["state_layout"])
+    o, ht = out[0], out[1]
+    hs = out[2] if a["output_chunk_states"] else None
+    return (
+        o,
+        ht if ht is not None else _absent(a["v"], tail),
+        hs.contiguous() if hs is not None else _absent(a["v"], tail),
+    )
+
+
+def _kda_prefill_fake(*args, **kwargs):
     """Shapes and dtypes only: reads no tensor values and never synchronises. Runs the same
     data-free validation as ``kda_prefill`` (``api._validate``), so a traced call fails with the
     message an eager one gives."""
-    _reject_varlen_chunk_states(cu_seqlens, output_chunk_states)
-    checked = api._validate(
-        q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound,
-        cu_seqlens, cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm,
-        use_beta_sigmoid, state_layout, output_chunk_states, max_seqlen,
-        chunk_states_size=chunk_states_size, chunk_states_dtype=chunk_states_dtype or FP32,
-    )  # fmt: skip
-    tail = _state_tail(q, v, state_layout)
+    a = _op_arguments(args, kwargs)
+    q, v, cu_seqlens = a["q"], a["v"], a["cu_seqlens"]
+    checked = api._validate(q, a["k"], v, a["g"], a["beta"],
+                            **api.validated({**a, **dict.fromkeys(_POOL_ARGS)}))  # fmt: skip
+    tail = _state_tail(q, v, a["state_layout"])
     B, T = q.shape[0], q.shape[1]
     o = torch.empty_like(v)
-    if output_final_state:
+    if a["output_final_state"]:
         n = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
         ht = v.new_empty((n, *tail), dtype=torch.float32)
     else:
         ht = _absent(v, tail)
-    if output_chunk_states:  # fixed length only (varlen was rejected above)
+    if a["output_chunk_states"]:  # fixed length only (varlen was rejected above)
         size = checked.fields["chunk_states_size"]
-        hs = v.new_empty((B * -(-T // size), *tail), dtype=chunk_states_dtype or FP32)
+        hs = v.new_empty((B * -(-T // size), *tail), dtype=a["chunk_states_dtype"])
     else:
         hs = _absent(v, tail)
     return o, ht, hs
+
+
+for _fn in (_kda_prefill_impl, _kda_prefill_fake):
+    _fn.__signature__ = _OP_SIGNATURE
+_kda_prefill_impl = torch.library.custom_op(OP_NAME, mutates_args=())(_kda_prefill_impl)
+_kda_prefill_impl.register_fake(_kda_prefill_fake)
 
 
 def kda_prefill_op(q, k, v, g, beta, **options):
@@ -262,9 +264,7 @@ def kda_prefill_op(q, k, v, g, beta, **options):
     ``ValueError`` (module docstring); ``target`` is a registered target's name or a ``Target``
     (passed by name). See the module docstring for CUDA graph capture requirements.
     """
-    a = _PREFILL_SIGNATURE.bind(q, k, v, g, beta, **options)  # unknown keywords: TypeError
-    a.apply_defaults()
-    a = a.arguments
+    a = api.prefill_arguments(q, k, v, g, beta, **options)  # unknown keywords: TypeError
     for name in _POOL_ARGS:  # the schema declares no mutated input
         if a.pop(name) is not None:
             _fail(name, "state pools are not served through the custom op (the pool is written "
@@ -301,9 +301,7 @@ def kda_prefill_op(q, k, v, g, beta, **options):
     return (o, final, hs) if a["output_chunk_states"] else (o, final)
 
 
-_PREFILL_SIGNATURE = inspect.signature(api.kda_prefill)
-_POOL_ARGS = ("initial_state_indices", "initial_state_indices_cpu")
-kda_prefill_op.__signature__ = _PREFILL_SIGNATURE
+kda_prefill_op.__signature__ = api.PREFILL_SIGNATURE
 
 
 def _integer(name: str, x):
