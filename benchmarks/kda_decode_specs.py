@@ -38,7 +38,7 @@ def run(out: str, quick: bool) -> int:
     import attrs
     import torch
 
-    from kreg.bench import Impl, _Timer, environment
+    from kreg.bench import Impl, Timer, environment
     from kreg.dispatch import select
     from kreg.families.kda import bench_decode
     from kreg.families.kda.api import _prepare, run_selection
@@ -50,7 +50,7 @@ def run(out: str, quick: bool) -> int:
     from kreg.registry import get_registry
 
     target = get_registry().targets["sm90"]
-    timer = _Timer(torch, "cuda")
+    timer = Timer(torch, "cuda")
     fla_rec, fla_version = bench_decode.load_fla_recurrent()
     reps = dict(min_reps=10, min_ms=20.0, max_reps=200) if quick else dict(
         min_reps=30, min_ms=100.0, max_reps=1000)  # fmt: skip

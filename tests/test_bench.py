@@ -15,6 +15,7 @@ import attrs
 import pytest
 
 from kreg import bench
+from kreg.bench import runner
 from kreg.cli import main
 from kreg.families.kda import bench as kda
 from kreg.families.kda import gate_regimes
@@ -434,9 +435,9 @@ def test_run_case_ratios_within_pairs(monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    monkeypatch.setattr(bench, "_release", lambda torch: None)
-    monkeypatch.setattr(bench, "peak_extra_bytes", lambda torch, fn: 0)
-    monkeypatch.setattr(bench, "host_overhead_us", lambda torch, fn, n, s: {"us": 1.0, "calls": 1})
+    monkeypatch.setattr(runner, "_release", lambda torch: None)
+    monkeypatch.setattr(runner, "peak_extra_bytes", lambda torch, fn: 0)
+    monkeypatch.setattr(runner, "host_overhead_us", lambda torch, fn, n, s: {"us": 1.0, "calls": 1})
     times = {"kreg.split": 2.0, "fla": 3.0, "kreg.split.bounded": 1.0, "fla.safe_gate": 2.5,
              "kreg.fused.bounded": 5.0}  # fmt: skip
 
@@ -456,8 +457,8 @@ def test_run_case_ratios_within_pairs(monkeypatch):
                               references=("kreg.split", "fla"), pairs=pairs)  # fmt: skip
 
     case = bench.BenchCase("c", {}, flops=1e9, bytes=1e6, tokens=8, heads=1, bh=1)
-    res = bench._run_case(case, prepare, None, "cpu", Timer(), bench.QUICK_BUDGET, None, 4000.0,
-                          bench._NoBar(), lambda s: None)  # fmt: skip
+    res = runner._run_case(case, prepare, None, "cpu", Timer(), bench.QUICK_BUDGET, None, 4000.0,
+                          runner._NoBar(), lambda s: None)  # fmt: skip
     rows = {r["impl"]: r for r in res["rows"]}
     assert rows["kreg.split"]["vs_peer"] == pytest.approx(1.5)  # fla / kreg default
     assert rows["kreg.split.bounded"]["vs_peer"] == pytest.approx(2.5)  # safe_gate / bounded

@@ -194,7 +194,7 @@ def _write(results: dict, path: Path) -> None:
 
 
 def _time_impl(torch, timer, impl, reference_out, budget) -> dict:
-    from kreg.bench import _first_line, rel_rms
+    from kreg.bench import first_line, rel_rms
 
     row: dict = {"impl": impl.name, **dict(impl.info)}
     try:
@@ -217,7 +217,7 @@ def _time_impl(torch, timer, impl, reference_out, budget) -> dict:
         row.update(timer.time(impl, min_reps=budget.min_reps, min_ms=budget.min_ms,
                               max_reps=budget.max_reps))  # fmt: skip
     except Exception as e:
-        row["error"] = f"{type(e).__name__}: {_first_line(e)}"
+        row["error"] = f"{type(e).__name__}: {first_line(e)}"
         try:
             torch.cuda.synchronize()
         except Exception:
@@ -234,7 +234,7 @@ def run(out_path, *, deadline_s: float = 540.0, quick: bool = True, workers: int
     import torch
     import triton
 
-    from kreg.bench import DEFAULT_BUDGET, QUICK_BUDGET, _Timer, environment, require_gpu
+    from kreg.bench import DEFAULT_BUDGET, QUICK_BUDGET, Timer, environment, require_gpu
     from kreg.dispatch import clear_cache
 
     from .bench import load_fla
@@ -274,7 +274,7 @@ def run(out_path, *, deadline_s: float = 540.0, quick: bool = True, workers: int
     results["precompile"] = {"workers": workers, "jobs": len(jobs),
                              "seconds": time.perf_counter() - t0, "problems": problems}  # fmt: skip
     log(f"kda sweep: compiled {len(jobs)} jobs in {time.perf_counter() - t0:.0f} s")
-    timer = _Timer(torch, torch.device("cuda", torch.cuda.current_device()))
+    timer = Timer(torch, torch.device("cuda", torch.cuda.current_device()))
     device = torch.device("cuda", torch.cuda.current_device())
     by_name: dict[str, dict] = {}
 
