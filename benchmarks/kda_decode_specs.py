@@ -40,8 +40,8 @@ def run(out: str, quick: bool) -> int:
 
     from kreg.bench import Impl, Timer, environment
     from kreg.dispatch import select
-    from kreg.families.kda import bench_decode
     from kreg.families.kda.api import _prepare, run_selection
+    from kreg.families.kda.bench import decode as bench_decode
     from kreg.families.kda.recurrent import (
         enumerate_recurrent_specs,
         is_valid_recurrent_spec,

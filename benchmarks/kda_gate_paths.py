@@ -5,8 +5,8 @@ reads it) and ``gate_paths.json`` (the extremes) under ``--out``.
     PYTHONPATH=. python3 benchmarks/kda_gate_paths.py --out OUT [--shapes B,T,H[,D] ...]
         [--regimes NAME ...] [--full]  # --full: the full repetition budget (default: quick)
 
-The speed part is the ``kda`` scenario's harness (kreg/families/kda/bench.py) on these shapes in
-each regime of kreg/families/kda/gate_regimes.py: kreg through ``kreg.compat.fla.chunk_kda`` with
+The speed part is the ``kda`` scenario's harness (kreg/families/kda/bench/scenario.py) on these shapes in
+each regime of kreg/families/kda/bench/gate_regimes.py: kreg through ``kreg.compat.fla.chunk_kda`` with
 the keywords fla receives, the pairs each regime admits, CUDA-graph medians. (``kreg bench kda
 --cases quick`` covers every regime on the scenario's shapes.) The extremes call both sides the
 same way, with ``logsigmoid`` gates and one extreme value.
@@ -25,7 +25,7 @@ DEFAULT_SHAPES = ("1,8192,32", "16,8192,32", "1,65536,4", "1,2048,32", "4,8192,3
 
 def speed(shapes, regimes, quick: bool) -> dict:
     from kreg.bench import require_gpu
-    from kreg.families.kda import bench as kda
+    from kreg.families.kda.bench import scenario as kda
 
     cases = []
     for text in shapes:
@@ -41,7 +41,7 @@ def extremes(fla) -> dict:
     import torch
 
     from kreg.compat.fla import chunk_kda
-    from kreg.families.kda import bench as kda
+    from kreg.families.kda.bench import scenario as kda
     from kreg.families.kda.oracles import relative_rms, token_serial_oracle
 
     case = kda.make_case(1, 256, 2, regime="logsigmoid")
@@ -80,8 +80,8 @@ def main():
     import triton
 
     from kreg import bench
-    from kreg.families.kda import bench as kda
-    from kreg.families.kda.gate_regimes import BY_NAME
+    from kreg.families.kda.bench import scenario as kda
+    from kreg.families.kda.bench.gate_regimes import BY_NAME
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "gate_paths_out"))

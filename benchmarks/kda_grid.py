@@ -31,7 +31,8 @@ STARTED = time.perf_counter()
 def cmd_plan(args) -> int:
     import collections
 
-    from kreg.families.kda import grid, sweep
+    from kreg.families.kda import builders
+    from kreg.families.kda.bench import grid, sweep
     from kreg.registry import get_registry
 
     target = get_registry().targets[args.target]
@@ -39,7 +40,7 @@ def cmd_plan(args) -> int:
     keys = set()
     for p in plans:
         for _, spec, _ in p.specs:
-            keys |= grid.kernel_keys(p.problem, spec)
+            keys |= builders.kernel_keys(p.problem, spec)
     jobs = sweep.compile_jobs(plans)
     print(json.dumps(grid.summary(), default=str))
     print(
@@ -57,7 +58,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from kreg.families.kda import sweep
+    from kreg.families.kda.bench import sweep
 
     names = set(args.shapes) if args.shapes else None
     sweep.run(args.out, deadline_s=args.deadline_s, quick=not args.full, workers=args.workers,
@@ -67,7 +68,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_fit(args) -> int:
-    from kreg.families.kda import validate
+    from kreg.families.kda.bench import validate
 
     sw = validate.load_sweep(args.sweep)
     section = validate.fit_section(sw, source=f"benchmarks/kda_grid.py fit {args.sweep}")
@@ -89,7 +90,7 @@ def cmd_fit(args) -> int:
 
 
 def cmd_validate(args) -> int:
-    from kreg.families.kda import validate
+    from kreg.families.kda.bench import validate
 
     sw = validate.load_sweep(args.sweep)
     bench = json.loads(open(args.bench).read()) if args.bench else None
@@ -107,7 +108,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_part(args) -> int:
-    from kreg.families.kda import grid
+    from kreg.families.kda.bench import grid
 
     print(" ".join(grid.head_part(args.part, args.parts)))
     return 0
@@ -117,7 +118,7 @@ def cmd_merge(args) -> int:
     from pathlib import Path
 
     from kreg import bench
-    from kreg.families.kda import grid
+    from kreg.families.kda.bench import grid
 
     merged = bench.merge_results([json.loads(Path(p).read_text()) for p in args.results],
                                  supersede=args.supersede)  # fmt: skip
@@ -134,7 +135,7 @@ def cmd_merge(args) -> int:
 
 
 def cmd_changed(args) -> int:
-    from kreg.families.kda import validate
+    from kreg.families.kda.bench import validate
 
     before = validate.selections(args.before)
     after = validate.selections(args.after)

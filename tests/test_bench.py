@@ -17,8 +17,8 @@ import pytest
 from kreg import bench
 from kreg.bench import runner
 from kreg.cli import main
-from kreg.families.kda import bench as kda
-from kreg.families.kda import gate_regimes
+from kreg.families.kda.bench import gate_regimes
+from kreg.families.kda.bench import scenario as kda
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,14 +126,13 @@ def test_quick_set_covers_every_regime_on_few_fla_classes():
     assert pairs == {"default", "bounded"}
     # the compile plan warms each fla class once (fla autotunes per class), every row's kreg
     # kernels, and a legacy case's extra rows
-    from kreg.families.kda import grid
 
-    jobs = grid.bench_warm_jobs(quick)
+    jobs = kda.bench_warm_jobs(quick)
     fla = [kda.fla_class(case.params, "bounded" if n == "fla.safe_gate" else "default")
            for case, names in jobs for n in names if n.startswith("fla")]  # fmt: skip
     assert sorted(fla) == sorted(classes)
     legacy = next(c for c in kda.cases() if c.name == "b1-t8192-h32-legacy")
-    warmed = {n for case, names in grid.bench_warm_jobs([legacy]) for n in names}
+    warmed = {n for case, names in kda.bench_warm_jobs([legacy]) for n in names}
     assert warmed == {n for n in legacy.impls if not n.endswith(kda.CPU_OFFSETS)}
 
 
@@ -214,7 +213,7 @@ def test_regime_table():
     assert gate_regimes.regime_of({}).name == "legacy"  # results and benches before the regimes
     text = (ROOT / gate_regimes.GATES_MD).read_text()
     assert gate_regimes.rendered(text) == text, (
-        "docs/kda/GATES.md's regime table is stale: python -m kreg.families.kda.gate_regimes"
+        "docs/kda/GATES.md's regime table is stale: python -m kreg.families.kda.bench.gate_regimes"
     )
     assert "## Gate regimes the benchmark feeds" in text
     for r in gate_regimes.REGIMES:
@@ -398,7 +397,7 @@ def test_prepared_impls_agree_under_interpreter():
     script = textwrap.dedent("""
         import torch
         from kreg.bench import Impl, rel_rms
-        from kreg.families.kda import bench as kda
+        from kreg.families.kda.bench import scenario as kda
         from kreg.registry import get_registry
         target = get_registry().targets["sm90"]
         # long enough for the chunked form (shorter ones are served by kda.recurrent)

@@ -133,7 +133,7 @@ def test_case_study_section_1_is_the_run_it_names():
 def test_speed_quotes_the_grid_run():
     """SPEED.md's whole-grid figures (per pair: shapes, shapes at >= 1.0x, floor, geomean, and
     the shapes below 1.0 with their ratios) are recomputed from docs/kda/grid/results.json."""
-    from kreg.families.kda.validate import bench_pairs
+    from kreg.families.kda.bench.validate import bench_pairs
 
     lines = (DOCS / "SPEED.md").read_text().splitlines()
     text = " ".join(" ".join(line.removeprefix(">").split()) for line in lines)  # quotes wrap

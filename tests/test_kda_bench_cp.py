@@ -1,4 +1,4 @@
-"""The context parallel benchmark (``kreg.families.kda.bench_cp``): its arguments and plan on
+"""The context parallel benchmark (``kreg.families.kda.bench.cp``): its arguments and plan on
 CPU; the run itself on a multi-GPU host (``gpu``, skipped with fewer than two GPUs)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kreg.families.kda import bench_cp
+from kreg.families.kda.bench import cp as bench_cp
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,7 +50,7 @@ def test_dry_run_writes_the_plan(tmp_path):
     out = tmp_path / "plan.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
-        [sys.executable, "-m", "kreg.families.kda.bench_cp", "--dry-run", "--world", "2",
+        [sys.executable, "-m", "kreg.families.kda.bench.cp", "--dry-run", "--world", "2",
          "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -65,7 +65,7 @@ def test_torchrun_two_gpus(tmp_path):
         pytest.skip("needs two GPUs")
     out = tmp_path / "cp.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-           "kreg.families.kda.bench_cp", "--tokens", "65536", "--reps", "3", "--warmup", "1",
+           "kreg.families.kda.bench.cp", "--tokens", "65536", "--reps", "3", "--warmup", "1",
            "--out", str(out)]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -5,7 +5,7 @@ ranks before it, so the exchange is replaced by the maps the earlier simulated r
 (later slots zero; the chain never reads them). This checks the kernels and their compiled
 variants (the combine kernel on the augmented [K, K + V] state, the chain with one segment per
 rank) where no multi-GPU machine is at hand; the real collective is tested with gloo on the
-interpreter lane and timed by ``kreg.families.kda.bench_cp`` under torchrun.
+interpreter lane and timed by ``kreg.families.kda.bench.cp`` under torchrun.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ import attrs
 import pytest
 
 from kreg.dispatch import TuningWarning, clear_cache, select
-from kreg.families.kda import gate_regimes, grid, model, sweep, validate
+from kreg.families.kda import builders, model
+from kreg.families.kda.bench import gate_regimes, grid, scenario, sweep, validate
 from kreg.registry import get_registry
 
 SM90 = "sm90"
@@ -96,8 +97,8 @@ def test_compile_jobs_launch_every_kernel(target):
                 fla.add(grid.fla_class(p.shape, safe_gate=label.endswith("safe_gate")))
                 continue
             spec = {lab: s for lab, s, _ in p.specs}[label]
-            launched |= grid.kernel_keys(p.problem, spec)
-    need = {k for p in plans for _, s, _ in p.specs for k in grid.kernel_keys(p.problem, s)}
+            launched |= builders.kernel_keys(p.problem, spec)
+    need = {k for p in plans for _, s, _ in p.specs for k in builders.kernel_keys(p.problem, s)}
     assert launched == need
     assert fla == grid.fla_classes([p.shape for p in plans])
     assert all(len(labels) <= 4 for _, labels in jobs)
@@ -108,8 +109,8 @@ def test_kernel_keys_follow_the_jit_specialisation(target):
     spec = model.pool(base, target)[0][1]
     same = attrs.evolve(base, seq_len=base.seq_len * 2)  # still divisible by 16
     other = attrs.evolve(base, seq_len=base.seq_len + 1)
-    assert grid.kernel_keys(base, spec) == grid.kernel_keys(same, spec)
-    assert grid.kernel_keys(base, spec) != grid.kernel_keys(other, spec)
+    assert builders.kernel_keys(base, spec) == builders.kernel_keys(same, spec)
+    assert builders.kernel_keys(base, spec) != builders.kernel_keys(other, spec)
 
 
 # --- roles --------------------------------------------------------------------------------------
@@ -424,10 +425,10 @@ def test_role_features_follow_the_spec(target):
 
 
 def test_bench_compile_plan_covers_every_row(target):
-    from kreg.families.kda.bench import KREG_BOUNDED, KREG_DEFAULT
+    from kreg.families.kda.bench.scenario import KREG_BOUNDED, KREG_DEFAULT
 
     cases = grid.cases()
-    jobs = grid.bench_warm_jobs(cases, SM90)
+    jobs = scenario.bench_warm_jobs(cases, SM90)
     launched, fla = set(), set()
     for case, names in jobs:
         shape = grid.shape_named(case.name)
@@ -436,7 +437,7 @@ def test_bench_compile_plan_covers_every_row(target):
                 fla.add(grid.fla_class(shape, safe_gate=n.endswith("safe_gate")))
             else:
                 p = grid.problem_of(shape, bounded=n == KREG_BOUNDED)
-                launched |= grid.kernel_keys(p, select(p, SM90).spec)
+                launched |= builders.kernel_keys(p, select(p, SM90).spec)
     need = set()
     for case in cases:
         shape = grid.shape_named(case.name)
@@ -444,7 +445,7 @@ def test_bench_compile_plan_covers_every_row(target):
             KREG_BOUNDED if pair == "bounded" else KREG_DEFAULT for pair in grid.pairs(shape)
         ]:
             p = grid.problem_of(shape, bounded=name == KREG_BOUNDED)
-            need |= grid.kernel_keys(p, select(p, SM90).spec)
+            need |= builders.kernel_keys(p, select(p, SM90).spec)
     assert launched == need and fla == grid.fla_classes()
     assert len(jobs) < len(cases) * 2  # shared kernels are compiled once
 

@@ -71,7 +71,7 @@ def test_decode_shapes_take_the_recurrence_prefill_the_chunked_form():
 def test_no_prefill_shape_of_the_grid_takes_the_recurrence():
     """Past the decode lengths the recurrence's estimate is not trusted: every kda-grid shape
     (T >= 256, many heads, head dims 32-256, varlen mixes) goes to the chunked form."""
-    from kreg.families.kda import grid
+    from kreg.families.kda.bench import grid
 
     for shape in grid.shapes():
         for bounded in [pair == "bounded" for pair in grid.pairs(shape)]:  # its regime's

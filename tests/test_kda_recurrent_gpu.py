@@ -81,7 +81,7 @@ def test_matches_the_float64_oracle():
 
 def _fla():
     try:
-        from kreg.families.kda.bench_decode import load_fla_recurrent
+        from kreg.families.kda.bench.decode import load_fla_recurrent
     except ImportError:
         return None
     fn, _ = load_fla_recurrent()
@@ -157,7 +157,7 @@ def test_pooled_step_equals_fla_pooled_step():
     import torch
 
     from kreg.families.kda import kda_prefill
-    from kreg.families.kda.bench_decode import load_fla_pooled
+    from kreg.families.kda.bench.decode import load_fla_pooled
 
     fla_pooled, reason = load_fla_pooled()
     if fla_pooled is None:

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bench_cp_runs_under_torchrun_on_cpu(tmp_path):
     out = tmp_path / "cp.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--standalone", "-m", "kreg.families.kda.bench_cp", "--cpu", "--tokens", "80",
+           "--standalone", "-m", "kreg.families.kda.bench.cp", "--cpu", "--tokens", "80",
            "--lengths", "30,50", "--offsets", "0,45,80", "--heads", "1", "--dim", "32",
            "--reps", "1", "--warmup", "0", "--out", str(out)]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1")

@@ -21,7 +21,7 @@ from kreg.problems import LinearAttentionProblem
 from kreg.registry.interpreter import interpreting
 
 from . import launch, plans
-from .plugin import select_kda
+from .selection import select_kda
 from .specs import CHUNKS, HEAD_DIMS, MAX_HEAD_DIM, padded_head_dim
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}

@@ -21,6 +21,7 @@ from .runtime_args import (
     LaunchShape,
     scan_absent,
     scan_scalars,
+    segment_count,
     tile_absent,
     tile_scalars_of,
 )
@@ -259,3 +260,27 @@ def build_kda_varlen_tables(target: Target, chunk: int = 64, hs_size: int = 0) -
     if not hs_size:
         values["hs_seq"] = None
     return _compile(tables_launch(chunk, hs_size), signature, target, values)
+
+
+def _int_class(n: int) -> int:
+    """How Triton's JIT specialises an integer argument: 1, divisible by 16, or neither."""
+    return 1 if n == 1 else (16 if n % 16 == 0 else 0)
+
+
+def kernel_keys(problem, spec) -> set[tuple]:
+    """The kreg kernels a launch of ``spec`` for ``problem`` compiles, as keys: function,
+    constexprs, warps, stages and the classes of the integers the JIT specialises on (T, H, HV,
+    NSEG, runtime_args.py). Equal keys are one compiled kernel."""
+    T, H, HV = problem.seq_len, problem.heads_qk, problem.heads_v
+    ints = (_int_class(T), _int_class(H), _int_class(HV))
+    nseg = _int_class(
+        segment_count(problem.longest_seq, spec.tile.chunk, spec.scan.segment_chunks)
+    )  # as launch._scan_scalars
+    launches = [(prep_launch(spec.tile), ints), (scan_launch(spec.scan), ints[::2] + (nseg,))]
+    if spec.tile.pairs:
+        launches.append((pairs_launch(spec.tile), ints))
+    if spec.scan.segment_chunks:
+        launches += [(segment_map_launch(spec.scan), ints[::2] + (nseg,)),
+                     (segment_combine_launch(spec.scan, spec.tile.fp32_dot), ints[::2] + (nseg,))]  # fmt: skip
+    return {(lc.name, tuple(sorted(lc.constexprs.items())), lc.num_warps, lc.num_stages, cls)
+            for lc, cls in launches}  # fmt: skip

@@ -33,7 +33,7 @@ import torch
 
 from . import api, launch
 from .builders import segment_combine_launch
-from .plugin import select_kda
+from .selection import select_kda
 from .specs import SEGMENT_CHUNKS
 
 # Segments of the open piece's map when the local scan has none (its spec's otherwise): the

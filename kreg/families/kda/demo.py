@@ -27,7 +27,7 @@ def main() -> int:
     from kreg.families.kda.specs import bitwise_pair
     from kreg.text import wrap
 
-    from .plugin import select_kda
+    from .selection import select_kda
 
     gen = torch.Generator().manual_seed(0)
     B, T, H, HV, K, V = 1, 100, 1, 2, 32, 32

@@ -23,9 +23,9 @@ from .builders import (
     build_kda_segment_map,
 )
 from .runtime_args import launch_shape
+from .selection import FAMILY_NAME
 
 ABI_VERSION = 1
-FAMILY_NAME = "kda"
 
 FUSED_OPT_IN_REASON = (
     "measured 2.5-50x slower than the tuned split on the H200 across the KDA scenario "
@@ -210,14 +210,6 @@ FAMILY = Family(
 )
 
 
-def select_kda(problem, target, **options):
-    """The dispatcher's choice among the KDA candidates only: a plugin serving the same problem
-    type never takes over KDA's calls, benchmarks, sweeps or pages."""
-    from kreg.dispatch import select
-
-    return select(problem, target, family=FAMILY_NAME, **options)
-
-
 @hookimpl
 def kreg_register_families(register):
     register(FAMILY)
@@ -233,8 +225,8 @@ def kreg_register_golden_cases(register):
 
 @hookimpl
 def kreg_register_scenarios(register):
-    from . import bench, bench_decode, grid
+    from .bench import decode, grid, scenario
 
-    register(bench.scenario())
+    register(scenario.scenario())
     register(grid.scenario())
-    register(bench_decode.scenario())
+    register(decode.scenario())

@@ -1,7 +1,7 @@
 """The KDA benchmark scenario ``kda`` (run by ``kreg bench kda``).
 
 Cases cross shapes (bf16, HV = H, K = V = 128 and the head dims engines use: 96, 192, 256) with
-gate regimes (:mod:`kreg.families.kda.gate_regimes`: how the gate reaches ``chunk_kda`` and
+gate regimes (:mod:`kreg.families.kda.bench.gate_regimes`: how the gate reaches ``chunk_kda`` and
 which values it takes). Each case times the like-with-like pairs its regime admits, on the same
 inputs and with the same keyword dict: kreg through ``kreg.compat.fla.chunk_kda(**kw)`` against
 fla-core's ``chunk_kda(**kw)``; the default pair (no promise about the gates) for unbounded
@@ -67,7 +67,7 @@ HARNESS_DOC = f"""# KDA prefill: benchmark results
 
 ## The harness
 
-`kreg bench kda` (scenario `kda`, `kreg/families/kda/bench.py`, runner `kreg/bench.py`) times
+`kreg bench kda` (scenario `kda`, `kreg/families/kda/bench/scenario.py`, runner `kreg/bench/`) times
 KDA prefill on one GPU. Rerun it and regenerate this page with
 
 ```
@@ -82,7 +82,7 @@ kreg bench --list kda                         # the cases and implementations (n
 (`pip install fla-core==0.6.0`; `scripts/gpu_lane.sh` also installs a wheel from an untracked
 `.whl/` folder where one is present); without it the peer rows are skipped with a note.
 
-**Gate regimes.** Every case feeds one regime of `kreg/families/kda/gate_regimes.py` (the
+**Gate regimes.** Every case feeds one regime of `kreg/families/kda/bench/gate_regimes.py` (the
 table, with its parameters and sources, is in docs/kda/GATES.md): `bounded` (sigmoid gate with
 bound -5, activated in the kernel), `softplus` (`-exp(A_log)·softplus(x + dt_bias)` in the
 kernel: SGLang's extend), `softplus_pre` (the same gates precomputed in fp32: vLLM),
@@ -142,7 +142,7 @@ problem and arguments prepared once, the spec fixed) against `{SAFE_PEER}`. The 
 
 **Measurement.** Kernels are compiled first, in parallel: worker processes (`--workers`,
 default half the cores, at most 8) call each kreg kernel and each fla autotuning class once, on
-the smallest case that needs it (`grid.bench_warm_jobs`), filling Triton's on-disk cache (the
+the smallest case that needs it (`bench_warm_jobs`), filling Triton's on-disk cache (the
 workers run with `FLA_CACHE_RESULTS=0`, so fla's autotuning choice is not made on a shared GPU). Then, case by case in one process, every implementation is called
 twice (loading kernels, fla's autotuning on the idle GPU and allocator warm-up are excluded from
 every figure). Its outputs are then checked against the case's references, the first pair's
@@ -401,7 +401,7 @@ def split_variants(problem, target, selected, limit: int = MAX_VARIANTS) -> list
     turn: a different chunk; the same chunk with another scan block_v (a block_v variant of the
     selection when the enumeration has none); another segment length of the scan; another tile
     shape. Within a rule the spec differing in the fewest fields wins."""
-    from . import specs
+    from .. import specs
 
     target = _target(target)
     valid = [s for s in specs.valid_split_specs(target, problem) if s != selected]
@@ -491,7 +491,7 @@ def planned_impls(case: BenchCase, target="sm90") -> tuple[str, ...]:
     row), then the extra bounded rows."""
     from kreg.dispatch import NoCandidateError
 
-    from .plugin import select_kda
+    from ..selection import select_kda
 
     target = _target(target)
     params = case.params
@@ -646,8 +646,8 @@ def prepare(case: BenchCase, target, device) -> Prepared:
     from kreg.compat import fla as compat_fla
     from kreg.dispatch import NoCandidateError
 
-    from .api import _prepare, kda_prefill, run_selection
-    from .plugin import select_kda
+    from ..api import _prepare, kda_prefill, run_selection
+    from ..selection import select_kda
 
     params = case.params
     x = make_inputs(params, device, seed_of(case))
@@ -734,12 +734,44 @@ def prepare(case: BenchCase, target, device) -> Prepared:
                     notes=tuple(notes), pairs=pairs)  # fmt: skip
 
 
+def bench_warm_jobs(bench_cases, target="sm90") -> list[tuple]:
+    """The compile plan of a KDA bench run (``kda-grid``, ``kda``): each kreg kernel and each
+    fla class once, on its smallest case (one job per case: its kreg rows, then one per fla
+    class), and a case's extra rows (fused, spec variants) with its own job."""
+    from ..builders import kernel_keys
+    from ..selection import select_kda
+
+    seen: set = set()
+    jobs: dict[str, tuple] = {}
+    for case in sorted(bench_cases, key=lambda c: c.tokens * c.heads):
+        params = case.params
+        for pair in pair_names(params):
+            bounded = pair == PAIR_BOUNDED
+            problem = problem_of(params, bounded)
+            sel = select_kda(problem, target)
+            kreg_row = _kreg_names(sel.candidate.name)[bounded]
+            keys = (kernel_keys(problem, sel.spec) if sel.candidate.name == "kda.split"
+                    else {(sel.candidate.name, problem)})  # fmt: skip
+            if not keys <= seen:
+                seen |= keys
+                jobs.setdefault(case.name, (case, []))[1].append(kreg_row)
+            fla = ("fla",) + fla_class(params, pair)
+            fla_row = SAFE_PEER if bounded else PEER
+            if fla not in seen:
+                seen.add(fla)
+                jobs.setdefault(case.name + "/" + fla_row, (case, []))[1].append(fla_row)
+        if has_extras(params):
+            paired = {r for p in pairs_of(params) for r in (p.impl, p.peer)}
+            extra = [n for n in case.impls if n not in paired and not n.endswith(CPU_OFFSETS)]
+            jobs.setdefault(case.name, (case, []))[1].extend(extra)
+    # the peer's jobs compile every autotuning config: start them first
+    return sorted(jobs.values(), key=lambda j: not any(n.startswith("fla") for n in j[1]))
+
+
 def run(bench_cases, *, scenario: str = "kda", doc: str = HARNESS_DOC, **options) -> dict:
     """Scenario entry point: measure ``bench_cases`` (see :func:`kreg.bench.run_cases`); the
     grid scenario passes its own name and page text."""
     import torch
-
-    from . import grid
 
     versions = {}
     chunk_kda, fla_version = load_fla()
@@ -759,7 +791,7 @@ def run(bench_cases, *, scenario: str = "kda", doc: str = HARNESS_DOC, **options
     options.setdefault("worker_env", {"FLA_CACHE_RESULTS": "0"})
     # each kreg kernel and each fla autotuning class compiled once, not once per case
     target = options.get("target")
-    options.setdefault("warm_jobs", lambda cs: grid.bench_warm_jobs(
+    options.setdefault("warm_jobs", lambda cs: bench_warm_jobs(
         cs, target.name if target else "sm90"))  # fmt: skip
     return run_cases(scenario, bench_cases, prepare, doc=doc, meta=meta, **options)
 

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import attrs
 
-from . import grid, model
+from .. import builders, model
+from . import grid
 
 SWEEP_KIND = "kda-spec-sweep"
 SWEEP_VERSION = 1
@@ -67,7 +68,7 @@ class ShapePlan:
 def plan_shape(shape: grid.GridShape, target) -> ShapePlan:
     """What the sweep times on ``shape`` (CPU): its pool's specs and the current choice, made
     without any cost model (``$KREG_MODELS`` is set empty for the run)."""
-    from .plugin import select_kda
+    from ..selection import select_kda
 
     problem = grid.problem_of(shape)
     by_spec: dict = {}
@@ -81,7 +82,7 @@ def plan_shape(shape: grid.GridShape, target) -> ShapePlan:
 
 def fla_rows(shape: grid.GridShape) -> tuple[str, ...]:
     """fla's calls with the promises the shape's gate regime admits."""
-    from .bench import PEER, SAFE_PEER
+    from .scenario import PEER, SAFE_PEER
 
     return tuple(SAFE_PEER if pair == "bounded" else PEER for pair in grid.pairs(shape))
 
@@ -98,7 +99,7 @@ def compile_jobs(plans, spec_chunk: int = 4) -> list[tuple]:
         case = sweep_case(p.shape)
         by_chunk: dict[int, list[str]] = {}
         for label, spec, _ in p.specs:
-            keys = grid.kernel_keys(p.problem, spec)
+            keys = builders.kernel_keys(p.problem, spec)
             if not keys <= seen:
                 seen |= keys
                 by_chunk.setdefault(spec.tile.chunk, []).append(label)
@@ -127,9 +128,9 @@ def prepare(case, target, device):
 
     from kreg.bench import Impl, Prepared, Skip
 
-    from .api import _prepare, run_selection
-    from .bench import _seed, fla_kwargs, kreg_kwargs, load_fla, make_inputs
-    from .plugin import select_kda
+    from ..api import _prepare, run_selection
+    from ..selection import select_kda
+    from .scenario import _seed, fla_kwargs, kreg_kwargs, load_fla, make_inputs
 
     shape = grid.shape_named(case.name)
     plan = plan_shape(shape, target)
@@ -237,7 +238,7 @@ def run(out_path, *, deadline_s: float = 540.0, quick: bool = True, workers: int
     from kreg.bench import DEFAULT_BUDGET, QUICK_BUDGET, Timer, environment, require_gpu
     from kreg.dispatch import clear_cache
 
-    from .bench import load_fla
+    from .scenario import load_fla
 
     started = time.perf_counter() if started is None else started
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))

@@ -18,14 +18,14 @@ Why so few head configurations: fla-core autotunes each of its kernels once per 
 varlen, options) in the measuring process, about 10 s each on the H200 (docs/kda/RESULTS.md's
 first-call times), so the peer's distinct classes (:func:`fla_classes`), not the case count,
 bound a run; kreg's kernels are compiled once per option set and integer class
-(:func:`kernel_keys`), shared between cases.
+(``builders.kernel_keys``), shared between cases.
 
 Every case carries ``split``: "holdout" for every fourth case in design order (configuration-
 major, by work), so the holdout quarter is spread over head configurations, sizes and mixes;
 "fit" for the rest. ``gate``: the promise the sweep measures the case with ("bounded": lower
 bound -5, kreg's block anchor against fla ``safe_gate``; "unbounded": kreg's default against
 fla's default), half each of the plain cases in a seeded shuffle. ``regime``: the gates fed
-(kreg/families/kda/gate_regimes.py), dealt in seeded cycles so that it admits the gate's pair:
+(kreg/families/kda/bench/gate_regimes.py), dealt in seeded cycles so that it admits the gate's pair:
 ``BOUNDED_REGIMES`` for bounded plain cases, ``UNBOUNDED_REGIMES`` for the others,
 ``PROD_REGIMES`` for the production set (whose gate follows its regime). The bench and the sweep
 time the pairs the regime admits (both only for ``legacy``).
@@ -270,7 +270,7 @@ def shapes() -> tuple[GridShape, ...]:
 
 def problem_of(shape: GridShape, bounded: bool | None = None):
     """The problem the sweep measures ``shape`` with (its ``gate``), or the bounded / default one."""
-    from .bench import problem_of as bench_problem
+    from .scenario import problem_of as bench_problem
 
     if bounded is None:
         bounded = shape.gate == "bounded"
@@ -278,8 +278,8 @@ def problem_of(shape: GridShape, bounded: bool | None = None):
 
 
 def params_of(shape: GridShape) -> dict:
-    """The bench params of ``shape`` (kreg/families/kda/bench.py's case format)."""
-    from .bench import LOWER_BOUND
+    """The bench params of ``shape`` (kreg/families/kda/bench/scenario.py's case format)."""
+    from .scenario import LOWER_BOUND
 
     return {
         "B": shape.B, "T": shape.T, "H": shape.H, "HV": shape.HV, "K": shape.K, "V": shape.V,
@@ -293,50 +293,17 @@ def params_of(shape: GridShape) -> dict:
 # --- what a run compiles (CPU) --------------------------------------------------------------
 
 
-def _int_class(n: int) -> int:
-    """How Triton's JIT specialises an integer argument: 1, divisible by 16, or neither."""
-    return 1 if n == 1 else (16 if n % 16 == 0 else 0)
-
-
-def kernel_keys(problem, spec) -> set[tuple]:
-    """The kreg kernels a launch of ``spec`` for ``problem`` compiles, as keys: function,
-    constexprs, warps, stages and the classes of the integers the JIT specialises on (T, H, HV,
-    NSEG, runtime_args.py). Equal keys are one compiled kernel."""
-    from .builders import (
-        pairs_launch,
-        prep_launch,
-        scan_launch,
-        segment_combine_launch,
-        segment_map_launch,
-    )
-    from .runtime_args import segment_count
-
-    T, H, HV = problem.seq_len, problem.heads_qk, problem.heads_v
-    ints = (_int_class(T), _int_class(H), _int_class(HV))
-    nseg = _int_class(
-        segment_count(problem.longest_seq, spec.tile.chunk, spec.scan.segment_chunks)
-    )  # as launch._scan_scalars
-    launches = [(prep_launch(spec.tile), ints), (scan_launch(spec.scan), ints[::2] + (nseg,))]
-    if spec.tile.pairs:
-        launches.append((pairs_launch(spec.tile), ints))
-    if spec.scan.segment_chunks:
-        launches += [(segment_map_launch(spec.scan), ints[::2] + (nseg,)),
-                     (segment_combine_launch(spec.scan, spec.tile.fp32_dot), ints[::2] + (nseg,))]  # fmt: skip
-    return {(lc.name, tuple(sorted(lc.constexprs.items())), lc.num_warps, lc.num_stages, cls)
-            for lc, cls in launches}  # fmt: skip
-
-
 def fla_class(shape: GridShape, safe_gate: bool) -> tuple:
     """What fla-core autotunes and compiles once for (bench.fla_class)."""
-    from .bench import PAIR_BOUNDED, PAIR_DEFAULT
-    from .bench import fla_class as bench_class
+    from .scenario import PAIR_BOUNDED, PAIR_DEFAULT
+    from .scenario import fla_class as bench_class
 
     return bench_class(params_of(shape), PAIR_BOUNDED if safe_gate else PAIR_DEFAULT)
 
 
 def pairs(shape: GridShape) -> tuple[str, ...]:
     """The like-with-like pairs the bench times on ``shape`` (its regime's)."""
-    from .bench import pair_names
+    from .scenario import pair_names
 
     return pair_names(params_of(shape))
 
@@ -369,9 +336,9 @@ def summary(grid=None) -> dict:
 
 GRID_DOC = """# KDA prefill on the broad grid: benchmark results
 
-`kreg bench kda-grid` (scenario `kda-grid`, `kreg/families/kda/grid.py`) times the like-with-like
+`kreg bench kda-grid` (scenario `kda-grid`, `kreg/families/kda/bench/grid.py`) times the like-with-like
 pairs of `kreg bench kda` (see docs/kda/RESULTS.md for the harness, inputs and formulas) on the
-grid of `kreg/families/kda/grid.py`: 12 head configurations (H 1 to 64, HV/H 1, 2, 4, head dims
+grid of `kreg/families/kda/bench/grid.py`: 12 head configurations (H 1 to 64, HV/H 1, 2, 4, head dims
 32 to 256, K != V) and K = V = 96, 192, 256 at B=1 T=8192, fixed batches from B=1 T=262144 to
 B=64 T=256, varlen mixes (uniform short, long-tailed, one long among short, many length-1, empty
 sequences; `cu_seqlens` on the device only), the production argument set, each case's gate
@@ -392,7 +359,7 @@ has about twice as many fla classes as before, so plan on more parts.)
 
 
 def case_of(shape: GridShape, target: str = "sm90"):
-    from .bench import make_case
+    from .scenario import make_case
 
     p = params_of(shape)
     extra = {k: p[k] for k in ("split", "gate", "kind")}
@@ -440,44 +407,10 @@ def head_part(part: int, parts: int) -> list[str]:
             if i % parts == part - 1]  # fmt: skip
 
 
-def bench_warm_jobs(bench_cases, target="sm90") -> list[tuple]:
-    """The compile plan of a KDA bench run (``kda-grid``, ``kda``): each kreg kernel and each
-    fla class once, on its smallest case (one job per case: its kreg rows, then one per fla
-    class), and a case's extra rows (fused, spec variants) with its own job."""
-    from . import bench
-    from .plugin import select_kda
-
-    seen: set = set()
-    jobs: dict[str, tuple] = {}
-    for case in sorted(bench_cases, key=lambda c: c.tokens * c.heads):
-        params = case.params
-        for pair in bench.pair_names(params):
-            bounded = pair == bench.PAIR_BOUNDED
-            problem = bench.problem_of(params, bounded)
-            sel = select_kda(problem, target)
-            kreg_row = bench._kreg_names(sel.candidate.name)[bounded]
-            keys = (kernel_keys(problem, sel.spec) if sel.candidate.name == "kda.split"
-                    else {(sel.candidate.name, problem)})  # fmt: skip
-            if not keys <= seen:
-                seen |= keys
-                jobs.setdefault(case.name, (case, []))[1].append(kreg_row)
-            fla = ("fla",) + bench.fla_class(params, pair)
-            fla_row = bench.SAFE_PEER if bounded else bench.PEER
-            if fla not in seen:
-                seen.add(fla)
-                jobs.setdefault(case.name + "/" + fla_row, (case, []))[1].append(fla_row)
-        if bench.has_extras(params):
-            paired = {r for p in bench.pairs_of(params) for r in (p.impl, p.peer)}
-            extra = [n for n in case.impls if n not in paired and not n.endswith(bench.CPU_OFFSETS)]
-            jobs.setdefault(case.name, (case, []))[1].extend(extra)
-    # the peer's jobs compile every autotuning config: start them first
-    return sorted(jobs.values(), key=lambda j: not any(n.startswith("fla") for n in j[1]))
-
-
 def run(bench_cases, **options) -> dict:
     from kreg.bench import Budget
 
-    from .bench import run as kda_run
+    from .scenario import run as kda_run
 
     options.setdefault("budget", Budget(min_reps=10, min_ms=40.0, max_reps=200, host_calls=10,
                                         host_budget_s=0.1) if options.get("quick") else None)  # fmt: skip

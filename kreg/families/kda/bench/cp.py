@@ -1,7 +1,7 @@
 """Context parallel KDA prefill benchmark, for one multi-GPU host under ``torchrun``:
 
-    torchrun --standalone --nproc-per-node 8 -m kreg.families.kda.bench_cp --out bench_out/kda_cp_8.json
-    python -m kreg.families.kda.bench_cp --dry-run --world 8     # the plan alone, no GPU
+    torchrun --standalone --nproc-per-node 8 -m kreg.families.kda.bench.cp --out bench_out/kda_cp_8.json
+    python -m kreg.families.kda.bench.cp --dry-run --world 8     # the plan alone, no GPU
 
 Default case: one sequence of 2^20 tokens (B = 1), H = HV = 8, K = V = 128, bf16, the inputs of
 ``kreg bench kda`` (bench.make_inputs, gates within [-5, 0)). Every rank makes the whole batch
@@ -37,7 +37,7 @@ LOWER_BOUND = -5.0
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m kreg.families.kda.bench_cp", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m kreg.families.kda.bench.cp", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--tokens", type=int, default=1 << 20, help="tokens of the batch")
     p.add_argument("--heads", type=int, default=8, help="H = HV")
@@ -89,7 +89,7 @@ def plan_run(args, world: int) -> dict:
     equal = all(b - a == T // world for a, b in zip(offsets, offsets[1:], strict=False))
     fla_cp = None if (T % world == 0 and equal) else (
         "fla's CP needs equal slices of tokens divisible by the ranks")  # fmt: skip
-    from .context_parallel import plan_cp
+    from ..context_parallel import plan_cp
 
     plans = [plan_cp(offsets, r, cu_seqlens=cu) for r in range(world)]
     K = args.dim
@@ -125,9 +125,9 @@ def _run(args):
     import torch
     import torch.distributed as dist
 
-    from . import bench
-    from .api import kda_prefill
-    from .context_parallel import kda_prefill_cp
+    from ..api import kda_prefill
+    from ..context_parallel import kda_prefill_cp
+    from . import scenario as bench
 
     if args.cpu:
         dist.init_process_group("gloo")

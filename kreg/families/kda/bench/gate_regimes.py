@@ -1,6 +1,6 @@
 """The gate regimes the KDA benchmarks feed (``kreg bench kda``, ``kda-grid``, the grid sweep and
 ``benchmarks/kda_gate_paths.py``): one table, rendered into docs/kda/GATES.md ("Gate regimes the
-benchmark feeds"; ``python -m kreg.families.kda.gate_regimes`` rewrites that block).
+benchmark feeds"; ``python -m kreg.families.kda.bench.gate_regimes`` rewrites that block).
 
 A regime says how the gate reaches ``chunk_kda``: activated in the kernel from the raw gate
 ``x`` [B, T, HV, K] with ``A_log`` [HV] and ``dt_bias`` [HV * K] (fla's and kreg.compat.fla's

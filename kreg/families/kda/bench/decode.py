@@ -13,7 +13,7 @@ import attrs
 
 from kreg.bench import BenchCase, Impl, Pair, Prepared, Skip, run_cases
 
-from . import bench as prefill_bench
+from . import scenario as prefill_bench
 
 HEAD_DIM = 128
 BATCHES = (1, 8, 64, 512)
@@ -32,8 +32,8 @@ HARNESS_DOC = f"""# KDA decode: benchmark results
 
 ## The harness
 
-`kreg bench kda-decode` (scenario `kda-decode`, `kreg/families/kda/bench_decode.py`, runner
-`kreg/bench.py`, the same measurement as the `kda` scenario: CUDA-graph replays with the L2
+`kreg bench kda-decode` (scenario `kda-decode`, `kreg/families/kda/bench/decode.py`, runner
+`kreg/bench/`, the same measurement as the `kda` scenario: CUDA-graph replays with the L2
 flushed, medians; see docs/kda/RESULTS.md) times KDA decode steps on one GPU:
 
 ```
@@ -108,7 +108,7 @@ def problem_of(params, pool: bool = False):
 
 
 def planned_impls(case: BenchCase, target="sm90") -> tuple[str, ...]:
-    from .plugin import select_kda
+    from ..selection import select_kda
 
     target = prefill_bench._target(target)
     names = [main_row(select_kda(problem_of(case.params), target)), PEER, KREG_POOL, PEER_POOL]
@@ -148,8 +148,8 @@ def load_fla_pooled():
 def prepare(case: BenchCase, target, device) -> Prepared:
     import torch
 
-    from .api import _prepare, kda_prefill, run_selection
-    from .plugin import select_kda
+    from ..api import _prepare, kda_prefill, run_selection
+    from ..selection import select_kda
 
     params = case.params
     x = prefill_bench.make_inputs(params, device, prefill_bench._seed(case.name))
@@ -219,7 +219,7 @@ def prepare(case: BenchCase, target, device) -> Prepared:
 def _defaults() -> dict:
     import inspect
 
-    from .api import kda_prefill
+    from ..api import kda_prefill
 
     return {n: p.default for n, p in inspect.signature(kda_prefill).parameters.items()
             if p.default is not inspect.Parameter.empty}  # fmt: skip
@@ -228,7 +228,7 @@ def _defaults() -> dict:
 def _prepare_args() -> tuple[str, ...]:
     import inspect
 
-    from .api import _prepare
+    from ..api import _prepare
 
     return tuple(inspect.signature(_prepare).parameters)
 

@@ -15,7 +15,7 @@ import math
 import statistics
 from pathlib import Path
 
-from . import model
+from .. import model
 from .gate_regimes import regime_of
 from .sweep import SWEEP_KIND, SWEEP_VERSION, spec_label
 
@@ -35,7 +35,7 @@ def load_sweep(path) -> dict:
 
 
 def problem_of(entry: dict):
-    from .bench import problem_of as bench_problem
+    from .scenario import problem_of as bench_problem
 
     params = entry["params"]
     return bench_problem(params, bounded=params["gate"] == "bounded")
@@ -92,7 +92,7 @@ def fit_payload(sweep: dict) -> dict:
 
 def fit_section(sweep: dict, source: str = "") -> dict:
     """The kda_model.json section fitted on the sweep's fit shapes."""
-    from .plugin import ABI_VERSION
+    from ..plugin import ABI_VERSION
 
     key = sweep["key"]
     payload = fit_payload(sweep)
@@ -118,7 +118,7 @@ def _target(name: str):
 
 def evaluate(sweep: dict, payload: dict) -> list[dict]:
     """Per shape: the model's selection, best measured spec, current choice and fla."""
-    from .bench import PEER, SAFE_PEER
+    from .scenario import PEER, SAFE_PEER
 
     target = _target(sweep["key"]["target"])
     rows = []
@@ -212,10 +212,10 @@ def selections(models: str | None = None, target: str = "sm90") -> dict[str, dic
 
     from kreg.dispatch import clear_cache
 
+    from ..selection import select_kda
     from . import grid
-    from .bench import PAIR_BOUNDED, pair_names
-    from .bench import problem_of as bench_problem
-    from .plugin import select_kda
+    from .scenario import PAIR_BOUNDED, pair_names
+    from .scenario import problem_of as bench_problem
 
     saved = os.environ.pop("KREG_MODELS", None)
     if models is not None:
@@ -285,7 +285,7 @@ def markdown(sweep: dict, rows: list[dict], st: dict, bench: dict | None = None,
         "kreg/families/kda/kda_model.json from the fit shapes only), `python benchmarks/kda_grid.py "
         "validate DIR/sweep.json [--bench RESULTS.json]` (this page).",
         "",
-        "**Method.** The grid (`kreg/families/kda/grid.py`) labels every fourth shape in design "
+        "**Method.** The grid (`kreg/families/kda/bench/grid.py`) labels every fourth shape in design "
         "order `holdout`. The sweep times, per shape, every spec of its pool (the roles of "
         "`kreg/families/kda/model.py` that resolve to a valid spec for it) and the "
         "dispatcher's choice without a model, then fla-core with the same promise (bounded "
