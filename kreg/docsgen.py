@@ -198,9 +198,9 @@ def _template(reason: str) -> str:
 def _problem_reasons(registry, c: Candidate) -> list[tuple[str, str]]:
     """(probe, reason) for problem-rule rejections of otherwise valid specs, on the first
     target: each distinct reason once."""
-    from kreg.matrix import probes
+    from kreg.matrix import probe_of
 
-    probe = probes().get(c.problem_type)
+    probe = probe_of(c.problem_type)
     if probe is None or c.specialize is None:
         return []
     target = next(iter(registry.targets.values()))

@@ -13,21 +13,20 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 from kreg.checkout import PACKAGE_PARENT, repo_root
+from kreg.problems.probe import Probe
 from kreg.registry.manager import BUILTIN_PREFIX
 from kreg.registry.model import Candidate, Target, Verdict
 
 ROOT = PACKAGE_PARENT
 MATRIX_FILE = "SUPPORT_MATRIX.md"
 WRITE_COMMAND = "kreg matrix --write"
-# Head dims probed (K = V): the supported ones must show up, the others are reported unclaimed.
-PROBE_HEAD_DIMS = (16, 32, 48, 64, 96, 128, 192, 256, 512)
 
 VERIFICATION = {
     "gpu": "GPU-verified (numerics run on hardware by the GPU lane)",
@@ -47,73 +46,14 @@ def default_path(root: Path | None = None) -> Path:
     return repo_root(root) / MATRIX_FILE
 
 
-# --- probes: problem variations per problem type ------------------------------------------------
+# --- probes: each problem type declares its own (``matrix_probe``, kreg/problems/probe.py) ----
 
 
-@attrs.frozen
-class Option:
-    column: str  # matrix column it is reported in
-    label: str
-    overrides: dict  # problem fields set to probe it
-
-
-@attrs.frozen
-class Probe:
-    """How to build probe problems of one problem type."""
-
-    dtypes: tuple[str, ...]
-    # (family, dtype, head_dim) -> the family's problem (its default options) of that dtype and
-    # head dim, or raises ValueError
-    make: Callable[[Any, str, int], Any]
-    options: tuple[Option, ...]
-
-
-def _linear_attention_probe() -> tuple[type, Probe]:
-    from kreg.problems import linear_attention as la
-
-    def make(family, dtype: str, head_dim: int):
-        return family.problem({"K": str(head_dim), "dtype": dtype})
-
-    options = [
-        Option("gate activations", act, {"gate_activation": act}
-               | ({"gate_lower_bound": -5.0} if act == "sigmoid_bound" else {}))
-        for act in la.GATE_ACTIVATIONS
-    ]  # fmt: skip
-    options += [
-        Option("options", f"{gate} gate", {"gate": gate}) for gate in la.GATE_KINDS
-    ]  # fmt: skip
-    options += [
-        Option("options", "qk_l2norm", {"qk_l2norm": True}),
-        Option("options", "beta_sigmoid", {"beta_sigmoid": True}),
-        Option("options", "varlen", {"varlen": True, "num_seqs": 4}),
-        Option("options", "unbounded gates", {"gate_lower_bound": None}),
-        Option("options", "bounded gates (-5)", {"gate_lower_bound": -5.0}),
-    ]
-    options += [
-        Option("states / layouts", f"initial_state ({sd})",
-               {"initial_state": True, "state_dtype": sd})
-        for sd in la.STATE_DTYPES
-    ]  # fmt: skip
-    options += [
-        Option("states / layouts", "output_final_state", {"output_final_state": True}),
-        Option("states / layouts", "output_chunk_states", {"output_chunk_states": True}),
-        Option("states / layouts", "state pool (in place)",
-               {"state_pool": True, "initial_state": True, "output_final_state": True}),
-    ]  # fmt: skip
-    options += [
-        Option("states / layouts", f"chunk states ({dt})",
-               {"output_chunk_states": True, "chunk_states_dtype": dt})
-        for dt in la.CHUNK_STATE_DTYPES if dt != "fp32"
-    ]  # fmt: skip
-    options += [
-        Option("states / layouts", f"layout {layout}", {"state_layout": layout, "initial_state": True})
-        for layout in la.STATE_LAYOUTS
-    ]  # fmt: skip
-    return la.LinearAttentionProblem, Probe(la.DTYPES, make, tuple(options))
-
-
-def probes() -> dict[type, Probe]:
-    return dict([_linear_attention_probe()])
+def probe_of(problem_type: type) -> Probe | None:
+    """How the matrix probes ``problem_type`` (its ``matrix_probe()``), or None: a problem type
+    without one gets rows without cells."""
+    make = getattr(problem_type, "matrix_probe", None)
+    return make() if callable(make) else None
 
 
 # --- spec helpers (family-agnostic: nested attrs specs) -------------------------------------------
@@ -233,7 +173,7 @@ def candidate_row(registry, c: Candidate, target: Target, golden_counts: dict) -
     cells: list[Cell] = []
     features: dict[str, list[str]] = {}
     unclaimed: dict[str, str] = {}
-    probe = probes().get(c.problem_type)
+    probe = probe_of(c.problem_type)
     if probe is not None:
         family = registry.families[c.family]
         cells, features, unclaimed = _probe(c, family, target, valid_specs, enumerated, probe)
@@ -256,7 +196,7 @@ def _probe(c: Candidate, family, target: Target, specs: list, enumerated: list, 
     cells: list[Cell] = []
     unclaimed: dict[str, str] = {}
     for dtype in probe.dtypes:
-        for d in PROBE_HEAD_DIMS:
+        for d in probe.head_dims:
             problem = probe.make(family, dtype, d)
             seen = set()
             for spec in specs:
@@ -417,7 +357,10 @@ def render(registry, rows: list[Row] | None = None) -> str:
         if not r.supported:
             continue
         out.append(f"- `{r.candidate}` on {r.target}: " + (_cells_text(r) or "nothing claimed"))
-    dtypes = tuple(dict.fromkeys(dt for p in probes().values() for dt in p.dtypes))
+    probes = [
+        probe_of(t) for t in dict.fromkeys(f.problem_type for f in registry.families.values())
+    ]
+    dtypes = tuple(dict.fromkeys(dt for p in probes if p is not None for dt in p.dtypes))
     out += ["", "## Not claimed", "",
             "Probed values no spec serves, with the first reason the rules give.", ""]  # fmt: skip
     for r in rows:

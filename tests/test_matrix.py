@@ -150,3 +150,21 @@ def test_unclaimed_problems_rejected_by_dispatch(reg):
     assert select(LinearAttentionProblem.from_options({"K": 48}), "sm90").spec.tile.head_dim_k == 64
     with pytest.raises(ValueError, match="dtype must be one of"):
         LinearAttentionProblem.from_options({"dtype": "fp8"})
+
+
+def test_a_problem_type_brings_its_own_probe():
+    """The matrix runs the probe a problem type declares beside its fields (``matrix_probe``):
+    a new problem type with one is probed by it, one without gets rows without cells."""
+    from kreg.problems.probe import Option, Probe
+
+    probe = matrix.probe_of(LinearAttentionProblem)
+    assert probe.dtypes == ("bf16", "fp16", "fp32") and 128 in probe.head_dims
+    assert {o.label for o in probe.options} >= {"softplus", "varlen", "state pool (in place)"}
+
+    class Elsewhere:
+        @classmethod
+        def matrix_probe(cls):
+            return Probe(("fp8",), lambda family, dtype, d: None, (Option("x", "y", {}),), (8,))
+
+    assert matrix.probe_of(Elsewhere).head_dims == (8,)
+    assert matrix.probe_of(object) is None

@@ -203,6 +203,51 @@ class LinearAttentionProblem:
             values.setdefault(name, values[source])
         return cls(**values)
 
+    @classmethod
+    def matrix_probe(cls):
+        """How the support matrix probes this problem type (kreg/problems/probe.py): each dtype
+        and head dim at the family's default options, then each option turned on."""
+        from .probe import Option, Probe
+
+        def make(family, dtype: str, head_dim: int):
+            return family.problem({"K": str(head_dim), "dtype": dtype})
+
+        options = [
+            Option("gate activations", act, {"gate_activation": act}
+                   | ({"gate_lower_bound": -5.0} if act == "sigmoid_bound" else {}))
+            for act in GATE_ACTIVATIONS
+        ]  # fmt: skip
+        options += [Option("options", f"{gate} gate", {"gate": gate}) for gate in GATE_KINDS]
+        options += [
+            Option("options", "qk_l2norm", {"qk_l2norm": True}),
+            Option("options", "beta_sigmoid", {"beta_sigmoid": True}),
+            Option("options", "varlen", {"varlen": True, "num_seqs": 4}),
+            Option("options", "unbounded gates", {"gate_lower_bound": None}),
+            Option("options", "bounded gates (-5)", {"gate_lower_bound": -5.0}),
+        ]
+        options += [
+            Option("states / layouts", f"initial_state ({sd})",
+                   {"initial_state": True, "state_dtype": sd})
+            for sd in STATE_DTYPES
+        ]  # fmt: skip
+        options += [
+            Option("states / layouts", "output_final_state", {"output_final_state": True}),
+            Option("states / layouts", "output_chunk_states", {"output_chunk_states": True}),
+            Option("states / layouts", "state pool (in place)",
+                   {"state_pool": True, "initial_state": True, "output_final_state": True}),
+        ]  # fmt: skip
+        options += [
+            Option("states / layouts", f"chunk states ({dt})",
+                   {"output_chunk_states": True, "chunk_states_dtype": dt})
+            for dt in CHUNK_STATE_DTYPES if dt != "fp32"
+        ]  # fmt: skip
+        options += [
+            Option("states / layouts", f"layout {layout}",
+                   {"state_layout": layout, "initial_state": True})
+            for layout in STATE_LAYOUTS
+        ]  # fmt: skip
+        return Probe(DTYPES, make, tuple(options))
+
 
 def _known(cls) -> str:
     """Every option name, its short forms after it: ``batch (B), ..., seq_len (T), ...``."""
