@@ -367,3 +367,17 @@ def test_explain_shows_the_bucket_of_the_longest_sequence(capsys, heuristic_only
     assert data["bucket"]["tokens_per_seq"] == 32768
     assert data["problem"]["fields"]["max_seqlen"] == 30000
     assert data["selected"]["spec"]["scan"]["segment_chunks"] > 0
+
+
+def test_one_target_resolution_for_every_entry():
+    """The dispatcher, kda_prefill, the CLI and the benchmarks resolve ``target`` in one place:
+    a Target as it is, a registered name, and anything else refused naming the argument."""
+    from kreg.registry import get_registry
+    from kreg.registry.targets import resolve
+
+    targets = get_registry().targets
+    assert resolve(targets, "sm90") is targets["sm90"]
+    assert resolve(targets, targets["gfx950"]) is targets["gfx950"]
+    for bad in ("sm100", 5, b"sm90"):
+        with pytest.raises(ValueError, match="^target: unknown target"):
+            resolve(targets, bad)

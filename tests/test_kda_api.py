@@ -248,7 +248,7 @@ REJECTIONS = [
      "must be a bool"),
     ("allow_opt_in_str", opts(allow_opt_in="no"), "allow_opt_in", "must be a bool"),
     ("allow_opt_in_int", opts(allow_opt_in=1), "allow_opt_in", "must be a bool"),
-    ("state_layout", opts(state_layout="KV"), "state_layout", "'kv' or 'vk'"),
+    ("state_layout", opts(state_layout="KV"), "state_layout", "must be one of ('kv', 'vk')"),
     # initial_state [B or N, HV, K, V] (vk: [.., V, K]), fp32 or bf16
     ("initial_state_batch", opts(initial_state=torch.zeros(2, 2, 32, 32)), "initial_state",
      "expected shape"),

@@ -209,7 +209,7 @@ SCAN_REJECTIONS = [
     ("num_warps", dict(num_warps=6), "num_warps=6"),
     ("num_stages", dict(num_stages=0), "num_stages=0 must be >= 1"),
     ("min_occupancy", dict(min_occupancy=0), "min_occupancy=0 must be >= 1"),
-    ("state_layout", dict(state_layout="kk"), "state_layout='kk' not kv or vk"),
+    ("state_layout", dict(state_layout="kk"), "state_layout='kk' not one of ('kv', 'vk')"),
     ("state_dtype", dict(state_dtype="fp16"), "state_dtype='fp16' not fp32/bf16"),
     ("chunk", dict(chunk=48), "chunk=48 not in"),
     ("head_dim", dict(head_dim_k=96), "head_dim_k=96 not in supported"),

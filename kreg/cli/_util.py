@@ -39,10 +39,12 @@ def repository_registry(args):
 
 
 def get_target(name: str):
-    targets = registry().targets
-    if name not in targets:
-        raise CliError(f"unknown target {name!r}; known: {', '.join(targets)}")
-    return targets[name]
+    from kreg.registry.targets import resolve
+
+    try:
+        return resolve(registry().targets, name)
+    except ValueError as e:
+        raise CliError(str(e)) from None
 
 
 def get_family(name: str):

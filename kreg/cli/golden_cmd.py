@@ -101,8 +101,13 @@ def run(args) -> int:
 
 
 def _diff(golden, reg, args) -> int:
-    if args.target is not None and args.target not in reg.targets:
-        raise CliError(f"unknown target {args.target!r}; known: {', '.join(reg.targets)}")
+    if args.target is not None:
+        from kreg.registry.targets import resolve
+
+        try:
+            resolve(reg.targets, args.target)
+        except ValueError as e:
+            raise CliError(str(e)) from None
     options = dict(target=args.target, kernel=args.kernel, stage=args.stage)
     try:
         current = golden.case_ir(reg, args.case, **options)

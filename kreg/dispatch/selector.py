@@ -17,6 +17,7 @@ import attrs
 from kreg.registry import get_registry
 from kreg.registry.manager import BUILTIN_PREFIX
 from kreg.registry.model import Candidate, Target, short_repr
+from kreg.registry.targets import resolve
 
 from . import ranker
 
@@ -114,25 +115,8 @@ def select(
     return selection
 
 
-def _resolve_target(registry, target) -> Target:
-    if isinstance(target, Target):
-        return target
-    if target is None:
-        from kreg.registry.targets import detect
-
-        found = detect(registry.targets.values())
-        if found is None:
-            raise ValueError(
-                f"no supported GPU detected: pass target= (one of {', '.join(registry.targets)})"
-            )
-        return found
-    if target not in registry.targets:
-        raise ValueError(f"unknown target {target!r}; known: {', '.join(registry.targets)}")
-    return registry.targets[target]
-
-
 def _select(registry, problem, target, algorithm, allow_opt_in, family=None) -> Selection:
-    target = _resolve_target(registry, target)
+    target = resolve(registry.targets, target)
     candidates = sorted(registry.candidates_for(problem), key=lambda c: (-c.priority, c.name))
     if family is not None:
         if family not in registry.families:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from .model import Target
 
 KIB = 1024
@@ -74,3 +76,19 @@ def detect(targets=None) -> Target | None:
         cc = props.major * 10 + props.minor
         matches = [t for t in targets if t.backend == "cuda" and t.arch == cc]
     return matches[0] if matches else None
+
+
+def resolve(targets: Mapping[str, Target], target) -> Target:
+    """The one resolution of a ``target`` argument: a ``Target`` as it is, a registered name, or
+    None for the GPU detected here. Anything else raises ``ValueError`` naming ``target``."""
+    if isinstance(target, Target):
+        return target
+    known = ", ".join(targets)
+    if target is None:
+        found = detect(targets.values())
+        if found is None:
+            raise ValueError(f"target: no supported GPU detected: pass target= (one of {known})")
+        return found
+    if not isinstance(target, str) or target not in targets:
+        raise ValueError(f"target: unknown target {target!r}; known: {known}")
+    return targets[target]

@@ -18,7 +18,9 @@ import torch
 
 from kreg.dispatch import selector
 from kreg.problems import LinearAttentionProblem
+from kreg.problems.linear_attention import STATE_LAYOUTS
 from kreg.registry.interpreter import interpreting
+from kreg.registry.targets import resolve
 
 from . import launch, plans
 from .selection import select_kda
@@ -331,11 +333,7 @@ def _target(q: torch.Tensor, target):
 
     registry = get_registry()
     if target is not None:
-        if isinstance(target, str):
-            if target not in registry.targets:
-                raise ValueError(f"target: unknown {target!r}; known: {sorted(registry.targets)}")
-            return registry.targets[target]
-        return target
+        return resolve(registry.targets, target)
     if q.device.type == "cpu":
         return registry.targets["sm90"]  # interpreter runs: select with sm90's rules
     found = _detected(q.device.index, registry)
@@ -507,8 +505,8 @@ def _validate(
                        ("output_chunk_states", output_chunk_states)):  # fmt: skip
         if not isinstance(flag, bool):
             _fail(name, f"must be a bool, got {flag!r}")
-    if state_layout not in ("kv", "vk"):
-        _fail("state_layout", f"must be 'kv' or 'vk', got {state_layout!r}")
+    if state_layout not in STATE_LAYOUTS:
+        _fail("state_layout", f"must be one of {STATE_LAYOUTS}, got {state_layout!r}")
     chunk_states_size, chunk_states_dtype = check_chunk_states(chunk_states_size,
                                                                chunk_states_dtype)  # fmt: skip
 

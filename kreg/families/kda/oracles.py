@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from kreg.problems.linear_attention import STATE_LAYOUTS as _STATE_LAYOUTS
+
 __all__ = [
     "gate_sigmoid_bound",
     "gate_softplus",
@@ -39,8 +41,6 @@ __all__ = [
     "tile_oracle",
     "token_serial_oracle",
 ]
-
-_STATE_LAYOUTS = ("kv", "vk")
 
 
 # --------------------------------------------------------------------------------------------------

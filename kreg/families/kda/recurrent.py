@@ -13,6 +13,7 @@ import math
 
 import attrs
 
+from kreg.problems.linear_attention import STATE_LAYOUTS
 from kreg.registry.model import Artifact, Target, Verdict
 
 from . import kernels, recurrent_kernels
@@ -83,7 +84,7 @@ def is_valid_recurrent_spec(spec: KdaRecurrentSpec, target: Target, problem=None
         (spec.num_stages >= 1, f"num_stages={spec.num_stages} must be >= 1"),
         (spec.gate_activation in kernels.GATE_ACT,
          f"gate_activation={spec.gate_activation!r} not in {tuple(kernels.GATE_ACT)}"),
-        (spec.state_layout in ("kv", "vk"), f"state_layout={spec.state_layout!r} not kv or vk"),
+        (spec.state_layout in STATE_LAYOUTS, f"state_layout={spec.state_layout!r} not one of {STATE_LAYOUTS}"),
         (spec.state_dtype in ("fp32", "bf16"), f"state_dtype={spec.state_dtype!r} not fp32/bf16"),
         (not spec.state_pool or spec.initial_state,
          "state_pool needs initial_state (the pool holds the states)"),

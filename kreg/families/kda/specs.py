@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from kreg.problems.linear_attention import CHUNK_STATE_DTYPES
+from kreg.problems.linear_attention import CHUNK_STATE_DTYPES, STATE_LAYOUTS
 from kreg.registry.model import Target, Verdict
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -315,7 +315,7 @@ def is_valid_tile_spec(spec: KdaTileSpec, target: Target, problem=None) -> Verdi
 def _state_rules(spec: KdaScanSpec) -> Verdict:
     """What the scan's state options need, whichever kernel runs the scan (split or fused)."""
     return Verdict.check(
-        (spec.state_layout in ("kv", "vk"), f"state_layout={spec.state_layout!r} not kv or vk"),
+        (spec.state_layout in STATE_LAYOUTS, f"state_layout={spec.state_layout!r} not one of {STATE_LAYOUTS}"),
         (spec.state_dtype in ("fp32", "bf16"), f"state_dtype={spec.state_dtype!r} not fp32/bf16"),
         (spec.chunk_states_dtype in CHUNK_STATE_DTYPES,
          f"chunk_states_dtype={spec.chunk_states_dtype!r} not in {CHUNK_STATE_DTYPES}"),

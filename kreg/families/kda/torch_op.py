@@ -118,12 +118,7 @@ def _reject_varlen_chunk_states(cu_seqlens, output_chunk_states) -> None:
 
 
 def _state_tail(q: torch.Tensor, v: torch.Tensor, state_layout: str) -> tuple[int, int, int]:
-    if not isinstance(q, torch.Tensor) or q.dim() != 4:
-        _fail("q", "expected a 4-d torch.Tensor [B, T, H, K]")
-    if not isinstance(v, torch.Tensor) or v.dim() != 4:
-        _fail("v", "expected a 4-d torch.Tensor [B, T, HV, V]")
-    if state_layout not in ("kv", "vk"):
-        _fail("state_layout", f"must be 'kv' or 'vk', got {state_layout!r}")
+    """A state's trailing dims, of arguments ``api._validate`` (or ``kda_prefill``) passed."""
     K, HV, V = q.shape[3], v.shape[2], v.shape[3]
     return (HV, K, V) if state_layout == "kv" else (HV, V, K)
 

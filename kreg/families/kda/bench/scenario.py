@@ -349,11 +349,10 @@ def problem_of(params, bounded: bool | None = None) -> object:
 
 
 def _target(target):
-    if isinstance(target, str):
-        from kreg.registry import get_registry
+    from kreg.registry import get_registry
+    from kreg.registry.targets import resolve
 
-        return get_registry().targets[target]
-    return target
+    return resolve(get_registry().targets, target)
 
 
 _SHORT = {"tile.chunk": "chunk", "scan.block_v": "bv", "tile.solve_block": "sb",

@@ -112,8 +112,9 @@ def fit_section(sweep: dict, source: str = "") -> dict:
 
 def _target(name: str):
     from kreg.registry import get_registry
+    from kreg.registry.targets import resolve
 
-    return get_registry().targets[name]
+    return resolve(get_registry().targets, name)
 
 
 def evaluate(sweep: dict, payload: dict) -> list[dict]:
