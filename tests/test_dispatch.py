@@ -8,6 +8,7 @@ import warnings
 
 import attrs
 import pytest
+import torch
 import triton
 
 from kreg.dispatch import NoCandidateError, TraceEntry, TuningWarning, clear_cache, select
@@ -381,3 +382,27 @@ def test_one_target_resolution_for_every_entry():
     for bad in ("sm100", 5, b"sm90"):
         with pytest.raises(ValueError, match="^target: unknown target"):
             resolve(targets, bad)
+
+
+@pytest.mark.parametrize(
+    "activation, bound, name",
+    [("relu", None, "gate_activation"), ("sigmoid_bound", None, "gate_lower_bound"),
+     ("softplus", -5.0, "gate_lower_bound"), ("none", 0.0, "gate_lower_bound"),
+     ("none", True, "gate_lower_bound"), ("none", float("-inf"), "gate_lower_bound")],
+)  # fmt: skip
+def test_gate_rules_are_one_check_for_the_problem_and_the_entry(activation, bound, name):
+    """The problem type and kda_prefill's validation refuse the same gate options with the same
+    message, naming the argument (one check, kreg.problems.linear_attention.check_gate)."""
+    from kreg.families.kda import api
+    from kreg.problems.linear_attention import LinearAttentionProblem, check_gate
+
+    with pytest.raises(ValueError, match=f"^{name}: ") as direct:
+        check_gate(activation, bound)
+    with pytest.raises(ValueError) as problem:
+        LinearAttentionProblem(batch=1, seq_len=8, heads_qk=1, heads_v=1, head_dim_k=32,
+                               head_dim_v=32, gate_activation=activation, gate_lower_bound=bound)  # fmt: skip
+    x = torch.zeros(1, 8, 1, 32)
+    with pytest.raises(ValueError) as entry:
+        api._validate(x, x, x, x, torch.zeros(1, 8, 1), None, None, False, bound, None, None,
+                      None, None, activation, False, False, "kv", False)  # fmt: skip
+    assert str(problem.value) == str(entry.value) == str(direct.value)

@@ -37,13 +37,26 @@ def _one_of(choices):
     return check
 
 
-def _bound(instance, attribute, value):
-    if value is None:
-        return
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or value >= 0:
-        raise ValueError(
-            f"{attribute.name} must be a finite negative number or None, got {value!r}"
-        )
+def check_gate(gate_activation, gate_lower_bound) -> None:
+    """The gate options' rules, in the one place every entry (the problem type, ``kda_prefill``'s
+    validation) checks them: a ``ValueError`` naming the argument at fault. A bound is a finite
+    negative number (or None: unbounded); the sigmoid activation needs its bound, softplus has
+    none."""
+    if gate_activation not in GATE_ACTIVATIONS:
+        raise ValueError(f"gate_activation: must be one of {GATE_ACTIVATIONS}, got "
+                         f"{gate_activation!r}")  # fmt: skip
+    if gate_lower_bound is not None and (
+        isinstance(gate_lower_bound, bool) or not isinstance(gate_lower_bound, (int, float))
+        or not math.isfinite(gate_lower_bound) or gate_lower_bound >= 0
+    ):  # fmt: skip
+        raise ValueError(f"gate_lower_bound: must be a finite negative number or None, got "
+                         f"{gate_lower_bound!r}")  # fmt: skip
+    if gate_activation == "sigmoid_bound" and gate_lower_bound is None:
+        raise ValueError("gate_lower_bound: gate_activation='sigmoid_bound' needs its bound "
+                         "(e.g. -5.0)")  # fmt: skip
+    if gate_activation == "softplus" and gate_lower_bound is not None:
+        raise ValueError("gate_lower_bound: must be None with gate_activation='softplus' "
+                         "(unbounded)")  # fmt: skip
 
 
 def _bucket(n: int) -> int:
@@ -72,8 +85,8 @@ class LinearAttentionProblem:
     gate: str = attrs.field(default="per_channel", validator=_one_of(GATE_KINDS))
     # Lower bound of every per-step log-decay (natural log), a promise that admits faster specs;
     # None (the default): any gate g <= 0, -inf resets included.
-    gate_lower_bound: float | None = attrs.field(default=None, validator=_bound)
-    gate_activation: str = attrs.field(default="none", validator=_one_of(GATE_ACTIVATIONS))
+    gate_lower_bound: float | None = None  # checked with gate_activation (check_gate)
+    gate_activation: str = "none"  # check_gate
     qk_l2norm: bool = attrs.field(default=False, validator=_bool)
     beta_sigmoid: bool = attrs.field(default=False, validator=_bool)
     initial_state: bool = attrs.field(default=False, validator=_bool)
@@ -94,8 +107,7 @@ class LinearAttentionProblem:
     max_seqlen: int | None = None
 
     def __attrs_post_init__(self):
-        if self.gate_activation == "sigmoid_bound" and self.gate_lower_bound is None:
-            raise ValueError("gate_lower_bound must be given with gate_activation='sigmoid_bound'")
+        check_gate(self.gate_activation, self.gate_lower_bound)
         if self.heads_v % self.heads_qk:
             raise ValueError(
                 f"heads_v ({self.heads_v}) must be a multiple of heads_qk ({self.heads_qk})"
@@ -129,10 +141,6 @@ class LinearAttentionProblem:
         if self.state_pool and not (self.initial_state and self.output_final_state):
             raise ValueError("state_pool needs initial_state and output_final_state (the pool's "
                              "slots are read and written in place)")  # fmt: skip
-        if self.gate_activation == "softplus" and self.gate_lower_bound is not None:
-            raise ValueError("gate_lower_bound must be None with gate_activation='softplus'")
-        if self.gate_activation == "sigmoid_bound" and self.gate_lower_bound is None:
-            raise ValueError("gate_lower_bound is required with gate_activation='sigmoid_bound'")
 
     @property
     def group_size(self) -> int:

@@ -18,7 +18,7 @@ import torch
 
 from kreg.dispatch import selector
 from kreg.problems import LinearAttentionProblem
-from kreg.problems.linear_attention import STATE_LAYOUTS
+from kreg.problems.linear_attention import STATE_LAYOUTS, check_gate
 from kreg.registry.interpreter import interpreting
 from kreg.registry.targets import resolve
 
@@ -473,19 +473,7 @@ def _validate(
     _check_tensor("beta", beta, (B, T, HV), (q.dtype, torch.float32), device)
 
     scale = K**-0.5 if scale is None else _real("scale", scale)
-    if gate_activation not in ("none", "sigmoid_bound", "softplus"):
-        _fail("gate_activation", f"must be 'none', 'sigmoid_bound' or 'softplus', got "
-                                 f"{gate_activation!r}")  # fmt: skip
-    if gate_activation == "sigmoid_bound" and gate_lower_bound is None:
-        _fail("gate_lower_bound", "gate_activation='sigmoid_bound' needs its bound (e.g. -5.0)")
-    if gate_activation == "softplus" and gate_lower_bound is not None:
-        _fail("gate_lower_bound", "must be None with gate_activation='softplus' (unbounded)")
-    if gate_lower_bound is not None and (
-        isinstance(gate_lower_bound, bool) or not isinstance(gate_lower_bound, (int, float))
-        or not math.isfinite(gate_lower_bound) or gate_lower_bound >= 0
-    ):  # fmt: skip
-        _fail("gate_lower_bound", f"must be a finite negative number or None, got "
-                                  f"{gate_lower_bound!r}")  # fmt: skip
+    check_gate(gate_activation, gate_lower_bound)
     if gate_activation == "none" and (A_log is not None or dt_bias is not None):
         _fail("A_log" if A_log is not None else "dt_bias",
               "only used with gate_activation 'sigmoid_bound' or 'softplus'")  # fmt: skip
