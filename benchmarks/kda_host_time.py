@@ -165,6 +165,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "host_time_out"))
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--cases", nargs="+", metavar="CASE", help="only these cases (default: all)")
     ap.add_argument("--profile", nargs="+", metavar="CASE", help="profile these cases instead")
     args = ap.parse_args()
     if args.profile:
@@ -185,6 +186,8 @@ def main():
     t0 = time.time()
     with torch.no_grad():
         for case in CASES:
+            if args.cases and case[0] not in args.cases:
+                continue
             row = run_case(*case, (chunk, recurrent), args.calls, args.reps)
             print(json.dumps(row), flush=True)
             result["rows"].append(row)
