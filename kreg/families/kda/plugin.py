@@ -23,9 +23,7 @@ from .builders import (
     build_kda_segment_map,
 )
 from .runtime_args import launch_shape
-from .selection import FAMILY_NAME
-
-ABI_VERSION = 1
+from .selection import ABI_VERSION, FAMILY_NAME
 
 FUSED_OPT_IN_REASON = (
     "measured 2.5-50x slower than the tuned split on the H200 across the KDA scenario "

@@ -92,7 +92,7 @@ def fit_payload(sweep: dict) -> dict:
 
 def fit_section(sweep: dict, source: str = "") -> dict:
     """The kda_model.json section fitted on the sweep's fit shapes."""
-    from ..plugin import ABI_VERSION
+    from ..selection import ABI_VERSION
 
     key = sweep["key"]
     payload = fit_payload(sweep)
