@@ -82,10 +82,13 @@ def test_kda_prefill_cp_takes_kda_prefill_keywords_and_its_own():
     assert all(got[n] == p for n, p in ref.items())
 
 
+SLOTS = "one int64 slot"  # made in the test: no tensor at collection time
+
+
 @pytest.mark.parametrize(
     "name, value",
-    [("output_chunk_states", True), ("chunk_states_size", 128), ("initial_state_indices", 0),
-     ("initial_state_indices_cpu", 0), ("chunk_states_dtype", "bf16")],
+    [("output_chunk_states", True), ("chunk_states_size", 128), ("initial_state_indices", SLOTS),
+     ("initial_state_indices_cpu", SLOTS), ("chunk_states_dtype", "bfloat16")],
 )  # fmt: skip
 def test_what_context_parallel_does_not_serve_is_refused_by_name(name, value):
     """Refused before the process group is looked at (none exists here)."""
@@ -94,8 +97,10 @@ def test_what_context_parallel_does_not_serve_is_refused_by_name(name, value):
     from kreg.families.kda.context_parallel import prepare_cp
 
     x = [torch.zeros(1, 4, 1, 16)] * 4 + [torch.zeros(1, 4, 1)]
-    value = torch.zeros(1, dtype=torch.int64) if value == 0 else value
-    value = torch.bfloat16 if value == "bf16" else value
+    if value == SLOTS:
+        value = torch.zeros(1, dtype=torch.int64)
+    elif name == "chunk_states_dtype":
+        value = getattr(torch, value)
     with pytest.raises(ValueError, match=f"^{name}: not served with context parallelism"):
         prepare_cp(*x, group=None, **{name: value})
     with pytest.raises(TypeError):

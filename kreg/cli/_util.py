@@ -38,11 +38,12 @@ def repository_registry(args):
     return registry(), os.environ.get("KREG_PLUGINS")
 
 
-def get_target(name: str):
+def get_target(name: str, targets=None):
+    """The target ``name`` of ``targets`` (default: the registry's), or a CliError saying why."""
     from kreg.registry.targets import resolve
 
     try:
-        return resolve(registry().targets, name)
+        return resolve(registry().targets if targets is None else targets, name)
     except ValueError as e:
         raise CliError(str(e)) from None
 

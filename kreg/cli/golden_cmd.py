@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from ._util import CliError, dump_json, registry, repository_registry, wrap
+from ._util import CliError, dump_json, get_target, registry, repository_registry, wrap
 
 STAGES = ("ttir", "ttgir", "llir", "ptx", "amdgcn")
 
@@ -102,12 +102,7 @@ def run(args) -> int:
 
 def _diff(golden, reg, args) -> int:
     if args.target is not None:
-        from kreg.registry.targets import resolve
-
-        try:
-            resolve(reg.targets, args.target)
-        except ValueError as e:
-            raise CliError(str(e)) from None
+        get_target(args.target, reg.targets)
     options = dict(target=args.target, kernel=args.kernel, stage=args.stage)
     try:
         current = golden.case_ir(reg, args.case, **options)

@@ -414,7 +414,7 @@ def _incoming(cp: CpCall, gathered: torch.Tensor, scan, fp32_dot: str) -> torch.
     return starts
 
 
-kda_prefill_cp.__signature__ = prefill_cp_signature = api.PREFILL_SIGNATURE.replace(
+kda_prefill_cp.__signature__ = api.PREFILL_SIGNATURE.replace(
     parameters=[
         *list(api.PREFILL_SIGNATURE.parameters.values())[:5],
         inspect.Parameter("group", inspect.Parameter.KEYWORD_ONLY),

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import functools
 
-import attrs
-
 from kreg.bench import BenchCase, Impl, Pair, Prepared, Skip, run_cases
 
 from . import scenario as prefill_bench
@@ -83,11 +81,7 @@ def make_case(N: int, H: int, T: int = 1, tags=(), target: str = "sm90") -> Benc
         tags=tags,
         description=f"N={N} sequences, H={H}, {T} token(s) each",
     )
-    try:
-        impls = planned_impls(case, target)
-    except Exception as e:  # planning is informative only (--list)
-        impls = (f"? ({type(e).__name__}: {e})",)
-    return attrs.evolve(case, impls=impls)
+    return prefill_bench.with_planned_impls(case, planned_impls, target)
 
 
 @functools.cache

@@ -268,11 +268,7 @@ def make_case(B: int, T: int, H: int, *, lengths: tuple[int, ...] | None = None,
         + ("" if (HV, K, V) == (H, HEAD_DIM, HEAD_DIM) else f" HV={HV} K={K} V={V}")
         + f", {regime} gates",
     )
-    try:
-        impls = planned_impls(case, target)
-    except Exception as e:  # planning is informative only (--list)
-        impls = (f"? ({type(e).__name__}: {e})",)
-    return attrs.evolve(case, impls=impls)
+    return with_planned_impls(case, planned_impls, target)
 
 
 @functools.cache
@@ -482,6 +478,17 @@ def fla_class(params, pair: str) -> tuple:
     gate = "kernel" if r.gate_in_kernel(prod) else ("fp32" if r.g_fp32 else params["dtype"])
     return (params["H"], params["HV"], params["K"], params["V"], bool(params.get("lengths")),
             prod, gate, pair == PAIR_BOUNDED)  # fmt: skip
+
+
+def with_planned_impls(case: BenchCase, plan, target) -> BenchCase:
+    """``case`` naming the rows ``plan(case, target)`` says a run would time (a scenario's
+    ``planned_impls``); a failure to plan is shown in their place, as planning is informative
+    only (``--list``)."""
+    try:
+        impls = plan(case, target)
+    except Exception as e:  # noqa: BLE001 - shown, not raised
+        impls = (f"? ({type(e).__name__}: {e})",)
+    return attrs.evolve(case, impls=impls)
 
 
 def planned_impls(case: BenchCase, target="sm90") -> tuple[str, ...]:
