@@ -134,6 +134,10 @@ def _select(registry, problem, target, algorithm, allow_opt_in, family=None) -> 
     pinned = None
     if algorithm != "auto":
         matches = [c for c in candidates if algorithm in (c.name, c.name.partition(".")[2])]
+        if len(matches) > 1 and algorithm not in {c.name for c in matches}:
+            # a short name several families share ("split"): the one that takes this problem
+            matches = [c for c in matches
+                       if _guarded(registry, c, "a rule", [], _takes, c, problem)]  # fmt: skip
         if len(matches) != 1:
             known = ", ".join(["auto"] + sorted(c.name for c in candidates))
             why = "ambiguous" if matches else "unknown"
@@ -222,6 +226,10 @@ def _guarded(registry, c: Candidate, what: str, trace: list, fn, *args):
         trace.append(TraceEntry(c.name, "spec" if what == "a rule" else "ranked", False,
                                 why[:300]))  # fmt: skip
         return None
+
+
+def _takes(c: Candidate, problem) -> bool:
+    return bool(c.accepts(problem).ok)
 
 
 def _rank(registry, c: Candidate, specs: list, problem, target: Target) -> tuple:

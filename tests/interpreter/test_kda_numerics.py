@@ -52,7 +52,9 @@ _PREFILL_DEFAULTS = {
     for name, p in inspect.signature(api.kda_prefill).parameters.items()
     if p.default is not inspect.Parameter.empty
 }
-_PREPARE_ARGS = tuple(inspect.signature(api._prepare).parameters)
+# the keywords a call binds (the gate kind, keyword-only, is the entry's: derived from g here)
+_PREPARE_ARGS = tuple(n for n, p in inspect.signature(api._prepare).parameters.items()
+                      if p.kind is not p.KEYWORD_ONLY)  # fmt: skip
 
 
 def make(B=1, T=100, H=1, HV=None, K=32, V=32, dtype=FP16, lb=-5.0, seed=0, skew=1.0):

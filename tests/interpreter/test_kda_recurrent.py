@@ -92,7 +92,7 @@ def api_args(x, **kw):
     defaults = {n: p.default for n, p in inspect.signature(api.kda_prefill).parameters.items()
                 if p.default is not inspect.Parameter.empty}  # fmt: skip
     opts = {**defaults, **x, **kw}
-    return {n: opts[n] for n in inspect.signature(api._prepare).parameters}
+    return {n: opts[n] for n in inspect.signature(api._prepare).parameters if n in opts}
 
 
 @pytest.mark.parametrize("dtype", [FP16, FP32])

@@ -16,14 +16,14 @@ import numbers
 import numpy as np
 import torch
 
-from kreg.dispatch import selector
+from kreg.dispatch import select, selector
 from kreg.problems import LinearAttentionProblem
 from kreg.problems.linear_attention import STATE_LAYOUTS, check_gate
 from kreg.registry.interpreter import interpreting
 from kreg.registry.targets import resolve
 
 from . import launch, plans
-from .selection import select_kda
+from .selection import FAMILY_NAME
 from .specs import CHUNKS, HEAD_DIMS, MAX_HEAD_DIM, padded_head_dim
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -186,8 +186,11 @@ def validated(arguments: dict) -> dict:
 
 
 def run_prefill(q, k, v, g, beta, *, algorithm="auto", allow_opt_in=False, target=None,
-                trim_chunk_states=True, **options):  # fmt: skip
+                trim_chunk_states=True, family=FAMILY_NAME, gate="per_channel",
+                **options):  # fmt: skip
     """``kda_prefill`` (``options``: its other keywords, ``_prepare``'s defaults for the rest);
+    ``family`` and ``gate`` are the entry's: the family whose candidates serve the call, and
+    its gate kind (``"scalar"``: g ``[B, T, HV]``, GDN's entries);
     ``trim_chunk_states=False`` returns a varlen call's whole chunk-state buffer
     (``launch.chunk_state_rows`` rows, the written ones first: what fla's ``use_graph``
     returns, the same rows whatever the offsets, as a captured graph needs).
@@ -195,16 +198,17 @@ def run_prefill(q, k, v, g, beta, *, algorithm="auto", allow_opt_in=False, targe
     The thin path: a call whose key (``plan_key``) was seen replays the launches of the first
     call of that key (``plans``), skipping validation, selection and argument handling, none of
     which can come out otherwise for the same key."""
-    key = plan_key(q, k, v, g, beta, options, (algorithm, allow_opt_in, target, trim_chunk_states))
+    key = plan_key(q, k, v, g, beta, options,
+                   (algorithm, allow_opt_in, target, trim_chunk_states, family, gate))  # fmt: skip
     try:
         entry = _plans.get(key) if key is not None else False
     except TypeError:  # an unhashable option: the normal path names it
         key, entry = None, False
     if entry:
         return entry.run(_plan_inputs(q, k, v, g, beta, options))
-    problem, call = _prepare(q, k, v, g, beta, **options)
-    selection = select_kda(problem, _target(q, target), algorithm=algorithm,
-                           allow_opt_in=allow_opt_in)  # fmt: skip
+    problem, call = _prepare(q, k, v, g, beta, gate=gate, **options)
+    selection = select(problem, _target(q, target), family=family, algorithm=algorithm,
+                       allow_opt_in=allow_opt_in)  # fmt: skip
     if entry is None:  # recorded when seen again: a key seen once (a new T) costs no recording
         if len(_plans) >= _MAX_PLANS:
             _plans.clear()
@@ -448,10 +452,14 @@ def _validate(
     cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm, use_beta_sigmoid,
     state_layout, output_chunk_states, max_seqlen=None, initial_state_indices=None,
     initial_state_indices_cpu=None, chunk_states_size=64, chunk_states_dtype=torch.float32,
+    *, gate=None,
 ) -> Checked:  # fmt: skip
     """Every check that reads no tensor's values: types, shapes, dtypes, devices,
     scalars, flags, and gradients. The one place of each check, shared by ``_prepare`` and the
-    custom op's fake implementation, so eager and traced calls fail with the same message."""
+    custom op's fake implementation, so eager and traced calls fail with the same message.
+    ``gate`` is the entry's gate kind: "per_channel" (KDA: g ``[B, T, HV, K]``, dt_bias
+    ``[HV, K]``) or "scalar" (GDN: g ``[B, T, HV]``, dt_bias ``[HV]``); None: g's own (tests
+    that prepare calls directly)."""
     _check_4d("q", q, _Q_DIMS)
     if q.dtype not in _DTYPES:
         _fail("q", f"dtype {q.dtype} not supported (bf16, fp16, fp32)")
@@ -469,7 +477,11 @@ def _validate(
     _check_tensor("q", q, (B, T, H, K), act_dtypes, device)
     _check_tensor("k", k, (B, T, H, K), act_dtypes, device)
     _check_tensor("v", v, (B, T, HV, V), act_dtypes, device)
-    _check_tensor("g", g, (B, T, HV, K), (q.dtype, torch.float32), device)
+    if gate is None:
+        gate = "scalar" if isinstance(g, torch.Tensor) and g.dim() == 3 else "per_channel"
+    scalar = gate == "scalar"
+    _check_tensor("g", g, (B, T, HV) if scalar else (B, T, HV, K), (q.dtype, torch.float32),
+                  device)  # fmt: skip
     _check_tensor("beta", beta, (B, T, HV), (q.dtype, torch.float32), device)
 
     scale = K**-0.5 if scale is None else _real("scale", scale)
@@ -477,17 +489,20 @@ def _validate(
     if gate_activation == "none" and (A_log is not None or dt_bias is not None):
         _fail("A_log" if A_log is not None else "dt_bias",
               "only used with gate_activation 'sigmoid_bound' or 'softplus'")  # fmt: skip
+
     # the engines' layouts: A_log [1, 1, HV, 1] (any shape of HV elements), dt_bias [HV, K]
-    A_log_view = _gate_param(
-        "A_log",
-        A_log,
-        (HV,),
-        lambda s: math.prod(s) == HV and all(d in (1, HV) for d in s),
-        " or any shape of HV elements, such as (1, 1, HV, 1)",
-        device,
-    )
-    dt_bias_view = _gate_param("dt_bias", dt_bias, (HV * K,), lambda s: s == (HV, K),
-                               f" or (HV, K) = {(HV, K)}", device)  # fmt: skip
+    # (a scalar gate's dt_bias: [HV], or any shape of HV elements)
+    def per_head(s):
+        return math.prod(s) == HV and all(d in (1, HV) for d in s)
+
+    A_log_view = _gate_param("A_log", A_log, (HV,), per_head,
+                             " or any shape of HV elements, such as (1, 1, HV, 1)", device)  # fmt: skip
+    if scalar:
+        dt_bias_view = _gate_param("dt_bias", dt_bias, (HV,), per_head,
+                                   " or any shape of HV elements", device)  # fmt: skip
+    else:
+        dt_bias_view = _gate_param("dt_bias", dt_bias, (HV * K,), lambda s: s == (HV, K),
+                                   f" or (HV, K) = {(HV, K)}", device)  # fmt: skip
     for name, flag in (("output_final_state", output_final_state),
                        ("use_qk_l2norm", use_qk_l2norm), ("use_beta_sigmoid", use_beta_sigmoid),
                        ("output_chunk_states", output_chunk_states)):  # fmt: skip
@@ -525,7 +540,7 @@ def _validate(
 
     fields = dict(
         batch=B, seq_len=T, heads_qk=H, heads_v=HV, head_dim_k=K, head_dim_v=V,
-        dtype=_DTYPES[q.dtype], gate_lower_bound=gate_lower_bound,
+        dtype=_DTYPES[q.dtype], gate=gate, gate_lower_bound=gate_lower_bound,
         gate_activation=gate_activation, qk_l2norm=use_qk_l2norm,
         beta_sigmoid=use_beta_sigmoid, initial_state=initial_state is not None,
         state_dtype=state_dtype, output_final_state=output_final_state or pool,
@@ -552,7 +567,11 @@ def _check_device(q) -> None:
 
 
 # _validate's options (after the five tensors): kda_prefill's keywords less the selection's
-_VALIDATED = tuple(inspect.signature(_validate).parameters)[5:]
+# (the gate kind is the entry's, not a keyword of the signature)
+_VALIDATED = tuple(
+    name for name, p in inspect.signature(_validate).parameters.items()
+    if p.kind is not p.KEYWORD_ONLY
+)[5:]  # fmt: skip
 
 
 def _prepare(
@@ -561,12 +580,13 @@ def _prepare(
     gate_activation="none", use_qk_l2norm=False, use_beta_sigmoid=False, state_layout="kv",
     output_chunk_states=False, max_seqlen=None, initial_state_indices=None,
     initial_state_indices_cpu=None, chunk_states_size=64, chunk_states_dtype=torch.float32,
+    *, gate=None,
 ):  # fmt: skip
     checked = _validate(
         q, k, v, g, beta, scale, initial_state, output_final_state, gate_lower_bound,
         cu_seqlens, cu_seqlens_cpu, A_log, dt_bias, gate_activation, use_qk_l2norm,
         use_beta_sigmoid, state_layout, output_chunk_states, max_seqlen, initial_state_indices,
-        initial_state_indices_cpu, chunk_states_size, chunk_states_dtype,
+        initial_state_indices_cpu, chunk_states_size, chunk_states_dtype, gate=gate,
     )  # fmt: skip
     _check_device(q)
     cu_host, cu_dev = _offsets(cu_seqlens, cu_seqlens_cpu, int(q.shape[1]), q.device)
@@ -599,7 +619,7 @@ def make_call(checked: Checked, problem: LinearAttentionProblem, q, k, v, g, bet
         if A_log is None:
             A_log = _zeros(HV, q.device)
         if dt_bias is None:
-            dt_bias = _zeros(HV * K, q.device)
+            dt_bias = _zeros(HV * (K if fields["gate"] == "per_channel" else 1), q.device)
     q, k, v, g, beta, A_log, dt_bias, initial_state = _kernel_inputs(
         problem, q, k, v, g, beta, A_log, dt_bias, initial_state
     )
@@ -738,14 +758,22 @@ def _pad_inputs(problem: LinearAttentionProblem, q, k, v, g, dt_bias, initial_st
     Kp, Vp = padded_head_dim(K), padded_head_dim(V)
     lead = tuple(q.shape[:3])
     q, k = _padded_copy(q, (*lead, Kp)), _padded_copy(k, (*lead, Kp))
-    v, g = _padded_copy(v, (*v.shape[:3], Vp)), _padded_copy(g, (*g.shape[:3], Kp))
+    v = _padded_copy(v, (*v.shape[:3], Vp))
+    if problem.gate == "scalar":  # a scalar gate decays the padded K rows of zeros: exact
+        return q, k, v, g, dt_bias, _padded_state(problem, initial_state)
+    g = _padded_copy(g, (*g.shape[:3], Kp))
     if dt_bias is not None:  # -inf: the activated gate of a padded column is -0.0 (above)
         HV = problem.heads_v
         dt_bias = _padded_copy(dt_bias.reshape(HV, K), (HV, Kp), float("-inf")).view(HV * Kp)
-    if initial_state is not None:
-        tail = (Kp, Vp) if problem.state_layout == "kv" else (Vp, Kp)
-        initial_state = _padded_copy(initial_state, (*initial_state.shape[:2], *tail))
-    return q, k, v, g, dt_bias, initial_state
+    return q, k, v, g, dt_bias, _padded_state(problem, initial_state)
+
+
+def _padded_state(problem: LinearAttentionProblem, initial_state):
+    if initial_state is None:
+        return None
+    Kp, Vp = padded_head_dim(problem.head_dim_k), padded_head_dim(problem.head_dim_v)
+    tail = (Kp, Vp) if problem.state_layout == "kv" else (Vp, Kp)
+    return _padded_copy(initial_state, (*initial_state.shape[:2], *tail))
 
 
 def _unpad(x: torch.Tensor | None, problem: LinearAttentionProblem, layout: str):

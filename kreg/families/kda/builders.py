@@ -62,6 +62,7 @@ def _tile_constexprs(spec: KdaTileSpec) -> dict:
         K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, BS=spec.solve_block,
         GATE_ACT=kernels.GATE_ACT[spec.gate_activation], QK_L2=spec.qk_l2norm,
         BETA_SIG=spec.beta_sigmoid, FP32_DOT=spec.fp32_dot, ANCHOR=kernels.ANCHORS[spec.anchor],
+        SCALAR_GATE=spec.scalar_gate,
     )  # fmt: skip
 
 

@@ -82,17 +82,33 @@ def _seg_cumsum(x, R: tl.constexpr, N: tl.constexpr, S: tl.constexpr):
     return tl.reshape(tl.cumsum(tl.reshape(x, (R // S, S, N)), axis=1), (R, N))
 
 
+@triton.constexpr_function
+def GATE_COLS(K, SCALAR_GATE):
+    """Columns of a gate tile: K per-channel log-decays, or 1 scalar per token and value head
+    (GDN), which every [C, K] product then takes by broadcasting in registers."""
+    return 1 if SCALAR_GATE else K
+
+
 @triton.jit
 def _gates(g_ptr, alog_ptr, dtb_ptr, row0, nrows, hv, HV, lower_bound,
            K: tl.constexpr, C: tl.constexpr, GATE_ACT: tl.constexpr,
-           col0=0, COLS: tl.constexpr = None):  # fmt: skip
+           col0=0, COLS: tl.constexpr = None, SCALAR_GATE: tl.constexpr = False):  # fmt: skip
     """[C, COLS] log-decays (natural log) of the token rows from ``row0``, channels from
-    ``col0`` (all K by default), activated; 0 past ``nrows``."""
+    ``col0`` (all K by default), activated; 0 past ``nrows``. With ``SCALAR_GATE`` the gate is
+    one value per token and value head (g [.., HV], A_log and dt_bias [HV]): a [C, 1] tile."""
     NC: tl.constexpr = K if COLS is None else COLS
-    g = _rows(g_ptr + hv * K + col0, row0, nrows, HV * K, NC, C)
+    if SCALAR_GATE:
+        r = tl.arange(0, C)
+        g = tl.load(g_ptr + (row0 + r).to(tl.int64) * HV + hv, mask=r < nrows, other=0.0)
+        g = g.to(tl.float32)[:, None]
+    else:
+        g = _rows(g_ptr + hv * K + col0, row0, nrows, HV * K, NC, C)
     if GATE_ACT != 0:
         a = tl.exp(tl.load(alog_ptr + hv))
-        x = g + tl.load(dtb_ptr + hv * K + col0 + tl.arange(0, NC))[None, :]
+        if SCALAR_GATE:
+            x = g + tl.load(dtb_ptr + hv)
+        else:
+            x = g + tl.load(dtb_ptr + hv * K + col0 + tl.arange(0, NC))[None, :]
         if GATE_ACT == 1:
             g = lower_bound * tl.sigmoid(a * x)
         else:
@@ -167,12 +183,41 @@ def _pair_level(k3, q3, gs, a, qk, S: tl.constexpr, C: tl.constexpr, BS: tl.cons
 
 
 @triton.jit
+def _scalar_pair_diag(k3, q3, gl, C: tl.constexpr, BS: tl.constexpr, FP32_DOT: tl.constexpr):
+    """``_pair_diag`` for a scalar gate ([C, 1] log2 gates): the same halving tree, but the
+    decay of a pair is one number, so K K^T and Q K^T are one product each and the tree builds
+    their [NB, BS, BS] factor from [C] prefix and suffix sums (no pairs kernel, no per-channel
+    work). exp(G_i - G_j) = exp(sum of gates a..i) * exp(sum of gates j+1..a-1) at the level
+    whose halves split i and j, anchored at the later half's first row a; both factors at most
+    1, both sums local to the group; gates clamped at -FLUSH_LOG2 (as ``_pair_diag``)."""
+    NB: tl.constexpr = C // BS
+    ri = tl.arange(0, BS)[None, :, None]
+    ci = tl.arange(0, BS)[None, None, :]
+    gs = tl.maximum(gl, -FLUSH_LOG2)
+    gam = tl.where(ri == ci, 1.0, 0.0) + tl.zeros((NB, BS, BS), dtype=tl.float32)
+    for lvl in tl.static_range(BS.bit_length() - 1):
+        S: tl.constexpr = BS >> (lvl + 1)
+        pre = tl.reshape(_seg_cumsum(gs, C, 1, S), (C // S, S, 1))
+        tot = tl.sum(tl.reshape(gs, (C // S, S, 1)), axis=1)[:, None, :]
+        rows_f = tl.exp2(tl.reshape(pre, (NB, BS, 1)))
+        cols_f = tl.exp2(tl.reshape(tot - pre, (NB, 1, BS)))
+        G: tl.constexpr = 2 * S
+        across = ((ri // G) == (ci // G)) & ((ri % G) >= S) & ((ci % G) < S)
+        gam = tl.where(across, rows_f * cols_f, gam)
+    kt3 = tl.permute(k3, (0, 2, 1))
+    a = tl.dot(k3, kt3, input_precision=FP32_DOT) * gam
+    qk = tl.dot(q3, kt3, input_precision=FP32_DOT) * gam
+    return a, qk
+
+
+@triton.jit
 def _chunk_tiles(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, pa_t, pqk_t, c,
     tok0, n, h, hv, H, HV, scale, lower_bound,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, ANCHOR: tl.constexpr = ANCHOR_SAFE,
+    SCALAR_GATE: tl.constexpr = False,
 ):  # fmt: skip
     """The six state-independent tiles of one chunk, for one value head.
 
@@ -195,15 +240,35 @@ def _chunk_tiles(
     Returns (w, u, gq, aqk, gkt, dec) in fp32: w = -T diag(beta) (K*Gamma) (negated so the scan
     subtracts into its accumulator), u = T diag(beta) V, gq = scale Q*Gamma, aqk (causal, scaled),
     gkt = (K * exp(G_C - G))^T laid out [K, C] so the scan needs no transpose, dec = exp(G_C).
+
+    ``SCALAR_GATE`` (GDN): the gate sums are [.., 1] columns that broadcast over K, and the safe
+    anchor's diagonal sub-blocks come from ``_scalar_pair_diag`` here, not from a pairs kernel.
     """
     NB: tl.constexpr = C // BS
+    GK: tl.constexpr = GATE_COLS(K, SCALAR_GATE)
     LOG2_BS: tl.constexpr = BS.bit_length() - 1
     rows = tl.arange(0, C)
 
     # --- one load of each input, activations fused -------------------------------------------
     k = _rows(k_ptr + h * K, tok0, n, H * K, K, C)
     q = _rows(q_ptr + h * K, tok0, n, H * K, K, C)
-    gl = _gates(g_ptr, alog_ptr, dtb_ptr, tok0, n, hv, HV, lower_bound, K, C, GATE_ACT) * LOG2E
+    gl = (
+        _gates(
+            g_ptr,
+            alog_ptr,
+            dtb_ptr,
+            tok0,
+            n,
+            hv,
+            HV,
+            lower_bound,
+            K,
+            C,
+            GATE_ACT,
+            SCALAR_GATE=SCALAR_GATE,
+        )
+        * LOG2E
+    )
     beta = tl.load(beta_ptr + (tok0 + rows).to(tl.int64) * HV + hv, mask=rows < n, other=0.0)
     beta = beta.to(tl.float32)
     k_inv = tl.full((C, 1), 1.0, dtype=tl.float32)  # row scales (the L2 norm's)
@@ -223,7 +288,7 @@ def _chunk_tiles(
     bad = (_nan_rows(k + resets) + v_bad + beta * 0.0) != 0.0  # NaN != 0
     f = tl.min(tl.where(bad, rows, C))
     gl = tl.where((rows < f)[:, None], gl, 0.0)
-    gin = _seg_cumsum(gl, C, K, BS)  # from the sub-block's start, inclusive
+    gin = _seg_cumsum(gl, C, GK, BS)  # from the sub-block's start, inclusive
     if ANCHOR == ANCHOR_BLOCK:  # cut at the first row past the span (exact up to it)
         fits = tl.min(gin, axis=1) >= -MAX_SPAN_LOG2
         f = tl.minimum(f, tl.min(tl.where(fits, C, rows)))
@@ -234,13 +299,13 @@ def _chunk_tiles(
     beta = tl.where(rows < f, beta, 0.0)
 
     # --- direct sums: sub-block prefixes and suffixes, sub-block totals ----------------------
-    tot = tl.sum(tl.reshape(gl, (NB, BS, K)), axis=1)  # [NB, K]
+    tot = tl.sum(tl.reshape(gl, (NB, BS, GK)), axis=1)  # [NB, GK]
     blk = tl.arange(0, NB)
     blk3 = blk[:, None, None]
     # P_I (sum of the totals before sub-block I) and the sum after sub-block J, summed block by
     # block in order: exact sums of their own terms only
-    before = tl.zeros((NB, K), dtype=tl.float32)
-    after = tl.zeros((NB, K), dtype=tl.float32)
+    before = tl.zeros((NB, GK), dtype=tl.float32)
+    after = tl.zeros((NB, GK), dtype=tl.float32)
     for i in tl.static_range(1, NB):
         tot_prev = tl.sum(tl.where(blk[:, None] == i - 1, tot, 0.0), axis=0)
         before = tl.where(blk[:, None] >= i, before + tot_prev[None, :], before)
@@ -248,20 +313,23 @@ def _chunk_tiles(
         after = tl.where(blk[:, None] < NB - i, after + tot_next[None, :], after)
     k3 = tl.reshape(k, (NB, BS, K))
     q3 = tl.reshape(q, (NB, BS, K))
-    gin3 = tl.reshape(gin, (NB, BS, K))
+    gin3 = tl.reshape(gin, (NB, BS, GK))
 
     # --- diagonal sub-blocks: pair by pair (safe), or the block anchor's two dots -----------
     e_in = tl.exp2(gin3)  # exp(G_i - P_I) <= 1
     kl3 = k3 * e_in
     ql3 = q3 * e_in
     if ANCHOR == ANCHOR_SAFE:
-        # the pairs kernel's entries (every row; rows from the cut are dropped below)
-        a_diag = tl.reshape(tl.load(_tile_ptrs(pa_t, c, hv, HV, C, BS)), (NB, BS, BS))
-        qk_diag = tl.reshape(tl.load(_tile_ptrs(pqk_t, c, hv, HV, C, BS)), (NB, BS, BS))
+        if SCALAR_GATE:
+            a_diag, qk_diag = _scalar_pair_diag(k3, q3, gl, C, BS, FP32_DOT)
+        else:
+            # the pairs kernel's entries (every row; rows from the cut are dropped below)
+            a_diag = tl.reshape(tl.load(_tile_ptrs(pa_t, c, hv, HV, C, BS)), (NB, BS, BS))
+            qk_diag = tl.reshape(tl.load(_tile_ptrs(pqk_t, c, hv, HV, C, BS)), (NB, BS, BS))
         # K exp(P_next(J) - G_j) from the sub-block's total less the inclusive prefix at j, both
         # local sums of clamped gates (as the pairs take them), never of cumsums across chunks;
         # not tl.cumsum(reverse=True), which compiles to flips (shuffles)
-        gc3 = tl.reshape(tl.maximum(gl, -FLUSH_LOG2), (NB, BS, K))
+        gc3 = tl.reshape(tl.maximum(gl, -FLUSH_LOG2), (NB, BS, GK))
         gsuf = tl.sum(gc3, axis=1)[:, None, :] - tl.cumsum(gc3, axis=1)
         kr3 = k3 * tl.exp2(tl.minimum(gsuf, 0.0))
     else:
@@ -278,6 +346,8 @@ def _chunk_tiles(
     gq = tl.reshape(ql3 * e_before, (C, K)) * scale
     gk = tl.reshape(kr3 * tl.exp2(after)[:, None, :], (C, K))  # K exp(G_C - G_j)
     dec = tl.exp2(tl.sum(tot, axis=0))
+    if SCALAR_GATE:
+        dec = dec + tl.zeros((K,), dtype=tl.float32)  # the scan decays K rows
 
     a_diag = tl.where((ri > ci) & (tl.reshape(rows < f, (NB, BS))[:, :, None]), a_diag, 0.0)
     # Aqk as row sub-blocks [NB, BS, C]; the diagonal sub-block goes to column block I.
@@ -290,11 +360,11 @@ def _chunk_tiles(
     n3 = tl.zeros((NB, BS, C), dtype=tl.float32)  # strictly block-lower part of A
     kr = tl.reshape(kr3, (C, K))
     # between[J] = sum of the sub-block totals strictly between J and I, summed as I grows
-    between = tl.zeros((NB, K), dtype=tl.float32)
+    between = tl.zeros((NB, GK), dtype=tl.float32)
     for i in tl.static_range(1, NB):
         # exp(P_I - P_next(J)) for J < I, 0 for J >= I: non-positive exponents only
         scale_j = tl.exp2(tl.where(blk[:, None] < i, between, float("-inf")))
-        scale_rows = tl.reshape(tl.broadcast_to(scale_j[:, None, :], (NB, BS, K)), (C, K))
+        scale_rows = tl.reshape(tl.broadcast_to(scale_j[:, None, :], (NB, BS, GK)), (C, GK))
         krt = tl.trans(kr * scale_rows)  # [K, C]
         a_i = tl.dot(_block_row(kl3, blk3, i), krt, input_precision=FP32_DOT)  # [BS, C]
         qk_i = tl.dot(_block_row(ql3, blk3, i), krt, input_precision=FP32_DOT)
@@ -437,7 +507,7 @@ def _recurrence(
     STORE_HS: tl.constexpr, STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
     FUSED: tl.constexpr, TILE_DT: tl.constexpr, SEG: tl.constexpr = 0, NSEG=1,
     ABLATE_SCAN: tl.constexpr = False, ANCHOR: tl.constexpr = ANCHOR_SAFE,
-    HS_EVERY: tl.constexpr = 1,
+    HS_EVERY: tl.constexpr = 1, SCALAR_GATE: tl.constexpr = False,
 ):  # fmt: skip
     """The serial recurrence of one (sequence, value head, V block): tiles loaded (split) or
     computed on chip (fused, where BV == V), then the shared ``_scan_step``.
@@ -493,7 +563,7 @@ def _recurrence(
         if FUSED:
             w, u, gq, aqk, gkt, dec = _chunk_tiles(
                 q, k, v, g, beta, alog, dtb, pa_t, pqk_t, c, tok0, n, h, hv, H, HV, scale,
-                lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
+                lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR, SCALAR_GATE,
             )  # fmt: skip
             # the same rounding the split path's tiles get on their way through memory
             w = w.to(TILE_DT)
@@ -583,7 +653,7 @@ def kda_chunk_prep_kernel(
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, VARLEN: tl.constexpr, ANCHOR: tl.constexpr,
-    LOOPED: tl.constexpr = False, BALLAST: tl.constexpr = 0,
+    LOOPED: tl.constexpr = False, BALLAST: tl.constexpr = 0, SCALAR_GATE: tl.constexpr = False,
 ):  # fmt: skip
     """Split path, first kernel: the tiles of one chunk x value head, stored chunk-major.
 
@@ -602,6 +672,7 @@ def kda_chunk_prep_kernel(
                 q, k, v, g, beta, alog, dtb, pa_t, pqk_t, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
                 c, tok0, tl.minimum(tok_end - tok0, C), h, hv, H, HV, scale,
                 lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR,
+                SCALAR_GATE,
             )  # fmt: skip
     else:
         c = tl.program_id(0)
@@ -609,7 +680,7 @@ def kda_chunk_prep_kernel(
         _prep_chunk(
             q, k, v, g, beta, alog, dtb, pa_t, pqk_t, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
             c, tok0, n, h, hv, H, HV, scale, lower_bound,
-            K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR,
+            K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR, SCALAR_GATE,
         )  # fmt: skip
 
 
@@ -620,11 +691,12 @@ def _prep_chunk(
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, BALLAST: tl.constexpr, ANCHOR: tl.constexpr,
+    SCALAR_GATE: tl.constexpr,
 ):  # fmt: skip
     if n > 0:
         w, u, gq, aqk, gkt, dec = _chunk_tiles(
             q, k, v, g, beta, alog, dtb, pa_t, pqk_t, c, tok0, n, h, hv, H, HV, scale,
-            lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
+            lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR, SCALAR_GATE,
         )  # fmt: skip
         dec = _ballast(dec, BALLAST)
         _store_tiles(w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, w, u, gq, aqk, gkt, dec,
@@ -664,7 +736,7 @@ def kda_chunk_fused_kernel(
     FP32_DOT: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
     STORE_HS: tl.constexpr, STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
     ABLATE_SCAN: tl.constexpr = False, ANCHOR: tl.constexpr = ANCHOR_SAFE,
-    HS_EVERY: tl.constexpr = 1,
+    HS_EVERY: tl.constexpr = 1, SCALAR_GATE: tl.constexpr = False,
 ):  # fmt: skip
     """Fused path: tiles computed on chip, chunk after chunk, inside the recurrence.
 
@@ -675,7 +747,7 @@ def kda_chunk_fused_kernel(
         None, None, None, None, None, None, o, h0, ht, hs, hs_seq, seq_chunk, cu_seqlens,
         T, H, HV, scale, lower_bound, K, V, C, BS, BV, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
         USE_H0, STORE_HT, STORE_HS, STATE_VK, VARLEN, True, q.dtype.element_ty, 0, 1,
-        ABLATE_SCAN, ANCHOR, HS_EVERY,
+        ABLATE_SCAN, ANCHOR, HS_EVERY, SCALAR_GATE,
     )  # fmt: skip
 
 

@@ -111,89 +111,110 @@ def _launcher(name: str):
     return run
 
 
-SPLIT = Candidate(
-    name="kda.split",
-    family=FAMILY_NAME,
-    run=_launcher("run_split"),
-    problem_type=LinearAttentionProblem,
-    spec_types=(specs.KdaTileSpec, specs.KdaScanSpec),
-    enumerate_specs=specs.enumerate_split_specs,
-    is_valid=specs.is_valid_split_spec,
-    # (spec, target, problem=None): the kernel a launch for ``problem`` runs, for a
-    # representative production problem without one (runtime_args.REPRESENTATIVE)
-    builders={
-        # None with the block anchor
-        "pairs": lambda spec, target, problem=None: build_kda_chunk_pairs(
-            spec.tile, target, launch_shape(problem)
-        ),
-        "prep": lambda spec, target, problem=None: build_kda_chunk_prep(
-            spec.tile, target, launch_shape(problem)
-        ),
-        "scan": lambda spec, target, problem=None: build_kda_chunk_scan(
-            spec.scan, target, launch_shape(problem)
-        ),
-        # None unless the scan is sequence-parallel (segment_chunks > 0)
-        "segment_map": lambda spec, target, problem=None: build_kda_segment_map(
-            spec.scan, target, launch_shape(problem)
-        ),
-        "segment_combine": lambda spec, target, problem=None: build_kda_segment_combine(
-            spec.scan, target, spec.tile.fp32_dot, launch_shape(problem)
-        ),
-    },
-    accepts=accepts,
-    specialize=specs.specialize_split,
-    cost=split_cost,
-    predict=model.predict,
-    priority=10,
-    description="pairs kernel (the safe anchor's diagonal sub-blocks, unless a bound is promised) "
-    "+ prep kernel (tiles, one program per chunk) + scan kernel (recurrence)",
-)
+def delta_rule_candidates(
+    family: str,
+    accepts,
+    *,
+    split_description: str,
+    fused_description: str,
+    fused_opt_in_reason: str,
+):
+    """The three candidates of a delta-rule family over the shared kernels: ``<family>.split``
+    (prefill), ``<family>.recurrent`` (decode-shaped problems, pools) and ``<family>.fused``
+    (opt-in), serving the problems ``accepts`` admits. KDA's and GDN's differ in their name,
+    their gate kind (``accepts``) and their words, not in code."""
+    split = Candidate(
+        name=f"{family}.split",
+        family=family,
+        run=_launcher("run_split"),
+        problem_type=LinearAttentionProblem,
+        spec_types=(specs.KdaTileSpec, specs.KdaScanSpec),
+        enumerate_specs=specs.enumerate_split_specs,
+        is_valid=specs.is_valid_split_spec,
+        # (spec, target, problem=None): the kernel a launch for ``problem`` runs, for a
+        # representative production problem without one (runtime_args.REPRESENTATIVE)
+        builders={
+            # None without a pairs kernel (the block anchor, a scalar gate)
+            "pairs": lambda spec, target, problem=None: build_kda_chunk_pairs(
+                spec.tile, target, launch_shape(problem)
+            ),
+            "prep": lambda spec, target, problem=None: build_kda_chunk_prep(
+                spec.tile, target, launch_shape(problem)
+            ),
+            "scan": lambda spec, target, problem=None: build_kda_chunk_scan(
+                spec.scan, target, launch_shape(problem)
+            ),
+            # None unless the scan is sequence-parallel (segment_chunks > 0)
+            "segment_map": lambda spec, target, problem=None: build_kda_segment_map(
+                spec.scan, target, launch_shape(problem)
+            ),
+            "segment_combine": lambda spec, target, problem=None: build_kda_segment_combine(
+                spec.scan, target, spec.tile.fp32_dot, launch_shape(problem)
+            ),
+        },
+        accepts=accepts,
+        specialize=specs.specialize_split,
+        cost=split_cost,
+        predict=model.predict,
+        priority=10,
+        description=split_description,
+    )
+    recurrent_ = Candidate(
+        name=f"{family}.recurrent",
+        family=family,
+        run=_launcher("run_recurrent"),
+        problem_type=LinearAttentionProblem,
+        spec_types=(recurrent.KdaRecurrentSpec,),
+        enumerate_specs=recurrent.enumerate_recurrent_specs,
+        is_valid=recurrent.is_valid_recurrent_spec,
+        builders={
+            "recurrent": lambda spec, target, problem=None: recurrent.build_kda_recurrent(
+                spec, target, launch_shape(problem)
+            )
+        },
+        accepts=lambda problem: accepts(problem) & recurrent.accepts_recurrent(problem),
+        specialize=recurrent.specialize_recurrent,
+        cost=recurrent.recurrent_cost,
+        priority=10,
+        description="token-serial recurrence, state in registers, one program per (sequence, "
+        "value head, V block); decode-shaped problems and state pools",
+    )
+    fused = Candidate(
+        name=f"{family}.fused",
+        family=family,
+        run=_launcher("run_fused"),
+        problem_type=LinearAttentionProblem,
+        spec_types=(specs.KdaChunkFusedSpec,),
+        enumerate_specs=specs.enumerate_fused_specs,
+        is_valid=specs.is_valid_fused_spec,
+        builders={
+            "pairs": lambda spec, target, problem=None: build_kda_chunk_pairs(
+                spec.tile, target, launch_shape(problem)
+            ),
+            "fused": lambda spec, target, problem=None: build_kda_chunk_fused(
+                spec, target, launch_shape(problem)
+            ),
+        },
+        accepts=accepts,
+        specialize=specs.specialize_fused,
+        cost=fused_cost,
+        priority=5,
+        opt_in=True,
+        opt_in_reason=fused_opt_in_reason,
+        description=fused_description,
+    )
+    return split, recurrent_, fused
 
-RECURRENT = Candidate(
-    name="kda.recurrent",
-    family=FAMILY_NAME,
-    run=_launcher("run_recurrent"),
-    problem_type=LinearAttentionProblem,
-    spec_types=(recurrent.KdaRecurrentSpec,),
-    enumerate_specs=recurrent.enumerate_recurrent_specs,
-    is_valid=recurrent.is_valid_recurrent_spec,
-    builders={
-        "recurrent": lambda spec, target, problem=None: recurrent.build_kda_recurrent(
-            spec, target, launch_shape(problem)
-        )
-    },
-    accepts=lambda problem: accepts(problem) & recurrent.accepts_recurrent(problem),
-    specialize=recurrent.specialize_recurrent,
-    cost=recurrent.recurrent_cost,
-    priority=10,
-    description="token-serial recurrence, state in registers, one program per (sequence, value "
-    "head, V block); decode-shaped problems and state pools",
-)
 
-FUSED = Candidate(
-    name="kda.fused",
-    family=FAMILY_NAME,
-    run=_launcher("run_fused"),
-    problem_type=LinearAttentionProblem,
-    spec_types=(specs.KdaChunkFusedSpec,),
-    enumerate_specs=specs.enumerate_fused_specs,
-    is_valid=specs.is_valid_fused_spec,
-    builders={
-        "pairs": lambda spec, target, problem=None: build_kda_chunk_pairs(
-            spec.tile, target, launch_shape(problem)
-        ),
-        "fused": lambda spec, target, problem=None: build_kda_chunk_fused(
-            spec, target, launch_shape(problem)
-        ),
-    },
-    accepts=accepts,
-    specialize=specs.specialize_fused,
-    cost=fused_cost,
-    priority=5,
-    opt_in=True,
-    opt_in_reason=FUSED_OPT_IN_REASON,
-    description="tiles and recurrence in one kernel, one program per (sequence, value head), "
-    "after the pairs kernel (the safe anchor's diagonal sub-blocks, unless a bound is promised)",
+SPLIT, RECURRENT, FUSED = delta_rule_candidates(
+    FAMILY_NAME,
+    accepts,
+    split_description="pairs kernel (the safe anchor's diagonal sub-blocks, unless a bound is "
+    "promised) + prep kernel (tiles, one program per chunk) + scan kernel (recurrence)",
+    fused_description="tiles and recurrence in one kernel, one program per (sequence, value "
+    "head), after the pairs kernel (the safe anchor's diagonal sub-blocks, unless a bound is "
+    "promised)",
+    fused_opt_in_reason=FUSED_OPT_IN_REASON,
 )
 
 FAMILY = Family(

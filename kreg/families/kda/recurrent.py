@@ -44,6 +44,7 @@ class KdaRecurrentSpec:
     num_warps: int = 4
     num_stages: int = 2
     gate_activation: str = "none"
+    scalar_gate: bool = False  # one gate per token and value head (GDN)
     qk_l2norm: bool = False
     beta_sigmoid: bool = False
     initial_state: bool = False
@@ -102,7 +103,8 @@ def specialize_recurrent(spec: KdaRecurrentSpec, problem) -> KdaRecurrentSpec | 
         return None
     return attrs.evolve(
         spec, head_dim_v=padded_head_dim(problem.head_dim_v), dtype=problem.dtype,
-        gate_activation=problem.gate_activation, qk_l2norm=problem.qk_l2norm,
+        gate_activation=problem.gate_activation, scalar_gate=problem.gate == "scalar",
+        qk_l2norm=problem.qk_l2norm,
         beta_sigmoid=problem.beta_sigmoid, initial_state=problem.initial_state,
         state_dtype=problem.state_dtype, output_final_state=problem.output_final_state,
         state_pool=problem.state_pool, state_layout=problem.state_layout, varlen=problem.varlen,
@@ -190,7 +192,7 @@ def recurrent_launch(spec: KdaRecurrentSpec) -> KernelLaunch:
         GATE_ACT=kernels.GATE_ACT[spec.gate_activation], QK_L2=spec.qk_l2norm,
         BETA_SIG=spec.beta_sigmoid, USE_H0=spec.initial_state,
         STORE_HT=spec.output_final_state, POOL=spec.state_pool,
-        STATE_VK=spec.state_layout == "vk", VARLEN=spec.varlen,
+        STATE_VK=spec.state_layout == "vk", VARLEN=spec.varlen, SCALAR_GATE=spec.scalar_gate,
     )  # fmt: skip
     return KernelLaunch(recurrent_kernels.kda_recurrent_kernel, constexprs, spec.num_warps,
                         spec.num_stages)  # fmt: skip

@@ -47,7 +47,7 @@ def kda_recurrent_kernel(
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, POOL: tl.constexpr,
-    STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
+    STATE_VK: tl.constexpr, VARLEN: tl.constexpr, SCALAR_GATE: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (N * HV * (V // BV),): one axis, the V block fastest, so the programs resident at
     once read and write whole states (contiguous K*V runs of memory) rather than one V slice of
@@ -87,8 +87,9 @@ def kda_recurrent_kernel(
         q_t = tl.load(q + qk_row + kk).to(tl.float32)
         v_t = tl.load(v + v_row + vcols).to(tl.float32)
         b_t = tl.load(beta + t * HV + hv).to(tl.float32)
-        # [1, K] through the prefill's gate helper (one row), then [K]
-        g_t = tl.sum(_gates(g, alog, dtb, t, 1, hv, HV, lower_bound, K, 1, GATE_ACT), axis=0)
+        # [1, K] through the prefill's gate helper (one row), then [K] ([1]: a scalar gate)
+        g_t = tl.sum(_gates(g, alog, dtb, t, 1, hv, HV, lower_bound, K, 1, GATE_ACT,
+                            SCALAR_GATE=SCALAR_GATE), axis=0)  # fmt: skip
         if QK_L2:
             k_t = k_t * tl.rsqrt(tl.sum(k_t * k_t) + 1e-6)
             q_t = q_t * tl.rsqrt(tl.sum(q_t * q_t) + 1e-6)

@@ -74,6 +74,9 @@ class KdaTileSpec:
     # Precision of the fp32 products (A, Aqk, the solve, W and U); "tf32" is cuda-only.
     fp32_dot: str = "ieee"
     gate_activation: str = "none"
+    # one gate per token and value head (GDN), broadcast over K in registers; the safe anchor's
+    # diagonal sub-blocks are then computed in the prep (no pairs kernel)
+    scalar_gate: bool = False
     qk_l2norm: bool = False
     beta_sigmoid: bool = False
     varlen: bool = False
@@ -89,7 +92,7 @@ class KdaTileSpec:
     @property
     def pairs(self) -> bool:
         """Whether the pairs kernel runs before the prep (the safe anchor's diagonal blocks)."""
-        return self.anchor == "safe"
+        return self.anchor == "safe" and not self.scalar_gate
 
     def pairs_shared_bytes_estimate(self) -> int:
         """The safe anchor's pairs kernel: its row picks and channel sums stage at most the
@@ -425,7 +428,8 @@ def _problem_fields(problem) -> tuple[dict, dict]:
         varlen=problem.varlen,
     )  # fmt: skip
     tile = dict(
-        gate_activation=problem.gate_activation, qk_l2norm=problem.qk_l2norm,
+        gate_activation=problem.gate_activation, scalar_gate=problem.gate == "scalar",
+        qk_l2norm=problem.qk_l2norm,
         beta_sigmoid=problem.beta_sigmoid,
     )  # fmt: skip
     scan = dict(
