@@ -79,6 +79,9 @@ def _seg_cumsum(x, R: tl.constexpr, N: tl.constexpr, S: tl.constexpr):
     value is a direct sum of its own terms, never a difference of two larger sums."""
     if S == 1:
         return x
+    if N == 1:  # a scalar gate's [R, 1] column scans as [R // S, S] (Triton 3.6's scan
+        # lowering asserts on a 3-d scan whose last dim is 1)
+        return tl.reshape(tl.cumsum(tl.reshape(x, (R // S, S)), axis=1), (R, 1))
     return tl.reshape(tl.cumsum(tl.reshape(x, (R // S, S, N)), axis=1), (R, N))
 
 
@@ -196,18 +199,27 @@ def _scalar_pair_diag(k3, q3, gl, C: tl.constexpr, BS: tl.constexpr, FP32_DOT: t
     gs = tl.maximum(gl, -FLUSH_LOG2)
     gam = tl.where(ri == ci, 1.0, 0.0) + tl.zeros((NB, BS, BS), dtype=tl.float32)
     for lvl in tl.static_range(BS.bit_length() - 1):
-        S: tl.constexpr = BS >> (lvl + 1)
-        pre = tl.reshape(_seg_cumsum(gs, C, 1, S), (C // S, S, 1))
-        tot = tl.sum(tl.reshape(gs, (C // S, S, 1)), axis=1)[:, None, :]
-        rows_f = tl.exp2(tl.reshape(pre, (NB, BS, 1)))
-        cols_f = tl.exp2(tl.reshape(tot - pre, (NB, 1, BS)))
-        G: tl.constexpr = 2 * S
-        across = ((ri // G) == (ci // G)) & ((ri % G) >= S) & ((ci % G) < S)
-        gam = tl.where(across, rows_f * cols_f, gam)
+        gam = _scalar_pair_level(gs, gam, BS >> (lvl + 1), C, BS)
     kt3 = tl.permute(k3, (0, 2, 1))
     a = tl.dot(k3, kt3, input_precision=FP32_DOT) * gam
     qk = tl.dot(q3, kt3, input_precision=FP32_DOT) * gam
     return a, qk
+
+
+@triton.jit
+def _scalar_pair_level(gs, gam, S: tl.constexpr, C: tl.constexpr, BS: tl.constexpr):
+    """One level of ``_scalar_pair_diag`` (as ``_pair_level``): the factors of the pairs across
+    the halves (S rows each) of every aligned group of 2S rows, set in ``gam``."""
+    NB: tl.constexpr = C // BS
+    ri = tl.arange(0, BS)[None, :, None]
+    ci = tl.arange(0, BS)[None, None, :]
+    pre = tl.reshape(_seg_cumsum(gs, C, 1, S), (C // S, S, 1))
+    tot = tl.sum(tl.reshape(gs, (C // S, S, 1)), axis=1)[:, None, :]
+    rows_f = tl.exp2(tl.reshape(pre, (NB, BS, 1)))
+    cols_f = tl.permute(tl.exp2(tl.reshape(tot - pre, (NB, BS, 1))), (0, 2, 1))
+    G: tl.constexpr = 2 * S
+    across = ((ri // G) == (ci // G)) & ((ri % G) >= S) & ((ci % G) < S)
+    return tl.where(across, rows_f * cols_f, gam)
 
 
 @triton.jit
@@ -330,7 +342,11 @@ def _chunk_tiles(
         # local sums of clamped gates (as the pairs take them), never of cumsums across chunks;
         # not tl.cumsum(reverse=True), which compiles to flips (shuffles)
         gc3 = tl.reshape(tl.maximum(gl, -FLUSH_LOG2), (NB, BS, GK))
-        gsuf = tl.sum(gc3, axis=1)[:, None, :] - tl.cumsum(gc3, axis=1)
+        if SCALAR_GATE:  # the scan of a [C, 1] column as [NB, BS] (see _seg_cumsum)
+            pre3 = tl.reshape(_seg_cumsum(tl.reshape(gc3, (C, 1)), C, 1, BS), (NB, BS, 1))
+        else:
+            pre3 = tl.cumsum(gc3, axis=1)
+        gsuf = tl.sum(gc3, axis=1)[:, None, :] - pre3
         kr3 = k3 * tl.exp2(tl.minimum(gsuf, 0.0))
     else:
         kd3t = tl.permute(k3 * tl.exp2(-gin3), (0, 2, 1))  # >= 1, finite: every row fits
