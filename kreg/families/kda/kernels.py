@@ -192,7 +192,8 @@ def _scalar_pair_diag(k3, q3, gl, C: tl.constexpr, BS: tl.constexpr, FP32_DOT: t
     their [NB, BS, BS] factor from [C] prefix and suffix sums (no pairs kernel, no per-channel
     work). exp(G_i - G_j) = exp(sum of gates a..i) * exp(sum of gates j+1..a-1) at the level
     whose halves split i and j, anchored at the later half's first row a; both factors at most
-    1, both sums local to the group; gates clamped at -FLUSH_LOG2 (as ``_pair_diag``)."""
+    1, both direct sums of their own terms local to the group (a prefix scan, a masked suffix
+    sum); gates clamped at -FLUSH_LOG2 (as ``_pair_diag``)."""
     NB: tl.constexpr = C // BS
     ri = tl.arange(0, BS)[None, :, None]
     ci = tl.arange(0, BS)[None, None, :]
@@ -207,16 +208,28 @@ def _scalar_pair_diag(k3, q3, gl, C: tl.constexpr, BS: tl.constexpr, FP32_DOT: t
 
 
 @triton.jit
+def _seg_suffix(x, BS: tl.constexpr, S: tl.constexpr):
+    """Exclusive suffix sums of the [NB, BS] rows ``x`` within aligned segments of S columns:
+    for column j, the sum of x[., t] over the t > j of j's segment. A masked sum of its own
+    terms, never a total less a prefix (which, after a gate clamped at -FLUSH_LOG2, keeps only
+    the rounding of the large sums: 2e-5 off in a final state after two late resets). For a
+    scalar gate's [NB, BS] sums only: [NB, BS, BS] elements."""
+    j = tl.arange(0, BS)[None, :, None]
+    t = tl.arange(0, BS)[None, None, :]
+    later = (t > j) & ((t // S) == (j // S))
+    return tl.sum(tl.where(later, x[:, None, :], 0.0), axis=2)
+
+
+@triton.jit
 def _scalar_pair_level(gs, gam, S: tl.constexpr, C: tl.constexpr, BS: tl.constexpr):
     """One level of ``_scalar_pair_diag`` (as ``_pair_level``): the factors of the pairs across
     the halves (S rows each) of every aligned group of 2S rows, set in ``gam``."""
     NB: tl.constexpr = C // BS
     ri = tl.arange(0, BS)[None, :, None]
     ci = tl.arange(0, BS)[None, None, :]
-    pre = tl.reshape(_seg_cumsum(gs, C, 1, S), (C // S, S, 1))
-    tot = tl.sum(tl.reshape(gs, (C // S, S, 1)), axis=1)[:, None, :]
+    pre = _seg_cumsum(gs, C, 1, S)
     rows_f = tl.exp2(tl.reshape(pre, (NB, BS, 1)))
-    cols_f = tl.permute(tl.exp2(tl.reshape(tot - pre, (NB, BS, 1))), (0, 2, 1))
+    cols_f = tl.exp2(_seg_suffix(tl.reshape(gs, (NB, BS)), BS, S))[:, None, :]
     G: tl.constexpr = 2 * S
     across = ((ri // G) == (ci // G)) & ((ri % G) >= S) & ((ci % G) < S)
     return tl.where(across, rows_f * cols_f, gam)
@@ -342,11 +355,10 @@ def _chunk_tiles(
         # local sums of clamped gates (as the pairs take them), never of cumsums across chunks;
         # not tl.cumsum(reverse=True), which compiles to flips (shuffles)
         gc3 = tl.reshape(tl.maximum(gl, -FLUSH_LOG2), (NB, BS, GK))
-        if SCALAR_GATE:  # the scan of a [C, 1] column as [NB, BS] (see _seg_cumsum)
-            pre3 = tl.reshape(_seg_cumsum(tl.reshape(gc3, (C, 1)), C, 1, BS), (NB, BS, 1))
+        if SCALAR_GATE:  # a direct suffix sum: cheap for one column
+            gsuf = _seg_suffix(tl.reshape(gc3, (NB, BS)), BS, BS)[:, :, None]
         else:
-            pre3 = tl.cumsum(gc3, axis=1)
-        gsuf = tl.sum(gc3, axis=1)[:, None, :] - pre3
+            gsuf = tl.sum(gc3, axis=1)[:, None, :] - tl.cumsum(gc3, axis=1)
         kr3 = k3 * tl.exp2(tl.minimum(gsuf, 0.0))
     else:
         kd3t = tl.permute(k3 * tl.exp2(-gin3), (0, 2, 1))  # >= 1, finite: every row fits
