@@ -30,6 +30,39 @@ repositories, the commits the code index served):
   function); ``sglang_decode`` is that step written against fla 0.6.0's
   ``fused_recurrent_kda`` with the pool, which is what an SGLang integrator would call.
 
+GDN (Qwen3-Next's Gated DeltaNet, one gate per token and value head; ``EngineCall.family``
+"gdn", served by ``kreg.compat.<library>.chunk_gated_delta_rule`` /
+``fused_recurrent_gated_delta_rule``):
+
+- vLLM ``vllm/model_executor/models/qwen3_next.py`` @ 6365b387890f7aa74b0fe65b81705d4730fcc763,
+  ``Qwen3NextGatedDeltaNet._forward_core``: prefill gathers the slots' states
+  (``ssm_state[non_spec_state_indices_tensor].contiguous()``, zeroed where
+  ``~has_initial_state``), calls ``chunk_gated_delta_rule(..., initial_state=...,
+  output_final_state=True, cu_seqlens=..., head_first=False, use_qk_l2norm_in_kernel=True)``
+  and scatters the final states back; decode calls ``fused_recurrent_gated_delta_rule(...,
+  initial_state=ssm_state, inplace_final_state=True, cu_seqlens=...[: num_decodes + 1],
+  ssm_state_indices=..., use_qk_l2norm_in_kernel=True)``. g and beta come from its
+  ``fused_gdn_gating``: g fp32 ``[1, T, HV]``, beta ``sigmoid(b)`` in b's (the activations')
+  dtype; q, k, v are made contiguous (``rearrange_mixed_qkv``). Those are vLLM's vendored
+  functions (``vllm/model_executor/layers/fla/ops/chunk.py`` @ 8744bb09,
+  ``fused_recurrent.py`` @ 03c6dad8): some of fla's keywords plus ``head_first`` (fla 0.6.0
+  raises on it), ``ssm_state_indices`` and ``inplace_final_state`` (True by default). Their
+  state layout changed in vLLM PR #33291 ("Change GDN Attention State Layout from
+  [N, HV, K, V] to [N, HV, V, K]", 2026-01-28) with no keyword at the call site; the records
+  replay a ``[K, V]`` pool, fla-core's default layout (a ``[V, K]`` vLLM pool moving to fla
+  0.6.0's semantics must add ``state_v_first=True``: with K = V nothing else tells them apart).
+- SGLang ``python/sglang/srt/layers/attention/linear/gdn_backend.py`` @ 0051ebfc71df,
+  ``GDNAttnBackend.forward_extend`` (q, k, v split from the transposed conv output; g, beta
+  from ``fused_gdn_gating``; ``core_attn_out, last_recurrent_state, h = ...extend(...)``),
+  and ``.../linear/kernels/gdn_triton.py`` @ 0a48af3ac181, ``TritonGDNKernel.extend``:
+  SGLang's own ``chunk_gated_delta_rule`` (``python/sglang/kernels/ops/attention/fla/chunk.py``
+  @ 0a0df252ac62), whose signature is not fla's: ``initial_state_indices`` into a V-first pool
+  updated in place (``inplace_update=True``), ``head_first``, no ``output_final_state``, and
+  ``(o, None, h)`` returned. SGLang's decode calls its own
+  ``fused_sigmoid_gating_delta_rule_update``; ``sglang_gdn_decode`` is that step written
+  against fla 0.6.0's ``fused_recurrent_gated_delta_rule`` (the softplus gate from ``A_log``,
+  ``dt_bias`` ``[HV]``, the sigmoid of raw b, the V-first pool with kreg's pool keyword).
+
 Each call names the library whose signatures it is written against (``EngineCall.library``):
 the replay runs it on ``kreg.compat.<library>`` (``kreg.compat.sglang`` for SGLang's own
 ``chunk_kda``). ``KNOWN_GAPS`` names the calls kreg's shims do not serve yet, with the reason
@@ -79,14 +112,17 @@ class Batch:
 @attrs.frozen
 class EngineCall:
     name: str
-    function: str  # the shim function the step calls: "chunk_kda" or "fused_recurrent_kda"
+    function: str  # the shim function the step calls: "chunk_kda", "fused_recurrent_kda", ...
     step: Callable  # step(ops, t) -> o; t's "pool" is updated in place
     gate: str  # "activated" (engine computes g in fp32) or "raw" (A_log, dt_bias, in-kernel)
-    beta: str  # "prob" (sigmoid applied by the engine, fp32) or "logit" (raw, in-kernel)
+    # "prob" (sigmoid applied by the engine, fp32), "prob_act" (the same in the activations'
+    # dtype: vLLM's and SGLang's fused_gdn_gating) or "logit" (raw, in-kernel)
+    beta: str
     v_first: bool  # pool layout [P, HV, V, K]
     q_layout: str  # "conv_transposed", "split_rows" or "contiguous"
     source: str
     library: str = "fla"  # whose signatures the engine calls: kreg.compat.<library> serves it
+    family: str = "kda"  # "kda": g [.., HV, K], dt_bias [HV * K]; "gdn": g [.., HV], dt_bias [HV]
 
     def shim(self):
         """The kreg module the integrator imports instead (one import change)."""
@@ -123,16 +159,20 @@ def make_tensors(call: EngineCall, b: Batch, *, dtype, pool_dtype=torch.float32,
     gen = torch.Generator().manual_seed(seed)
     T = sum(b.lengths)
     q, k, v = _qkv(b, T, call.q_layout, dtype, gen, device)
-    raw = torch.randn(1, T, b.HV, b.K, generator=gen)
-    A_log = (0.5 * torch.randn(1, 1, b.HV, 1, generator=gen)).to(device)  # as both engines
-    dt_bias = torch.randn(b.HV * b.K, generator=gen).to(device)
-    if call.gate == "activated":  # vLLM's fused_kda_gate: fp32 out
-        g = (-A_log.view(b.HV, 1).exp() * torch.nn.functional.softplus(
-            raw.to(device) + dt_bias.view(b.HV, b.K))).float()  # fmt: skip
+    # KDA: A_log [1, 1, HV, 1] and dt_bias [HV * K] (both engines); GDN: both [HV] (Qwen3-Next)
+    gdn = call.family == "gdn"
+    channels = () if gdn else (b.K,)
+    raw = torch.randn(1, T, b.HV, *channels, generator=gen)
+    A_log = (0.5 * torch.randn(*((b.HV,) if gdn else (1, 1, b.HV, 1)), generator=gen)).to(device)
+    dt_bias = torch.randn(b.HV * (1 if gdn else b.K), generator=gen).to(device)
+    if call.gate == "activated":  # vLLM's fused_kda_gate, the engines' fused_gdn_gating: fp32
+        g = (-A_log.view(b.HV, *(1,) * len(channels)).exp() * torch.nn.functional.softplus(
+            raw.to(device) + dt_bias.view(b.HV, *channels))).float()  # fmt: skip
     else:
         g = raw.to(dtype).to(device)
     beta_raw = torch.randn(1, T, b.HV, generator=gen)
-    beta = beta_raw.float().sigmoid() if call.beta == "prob" else beta_raw.to(dtype)
+    beta = {"prob": beta_raw.float().sigmoid(), "prob_act": beta_raw.float().sigmoid().to(dtype),
+            "logit": beta_raw.to(dtype)}[call.beta]  # fmt: skip
     shape = (b.pool_size, b.HV, b.K, b.K)
     pool = (0.5 * torch.randn(*shape, generator=gen)).to(pool_dtype).to(device)
     # graph padding: zero-length sequences on -1 slots (vLLM cuts them off again at the call)
@@ -211,7 +251,60 @@ def step_sglang_decode(ops, t):
     return o
 
 
+def step_vllm_gdn_prefill(ops, t):
+    """vLLM Qwen3-Next prefill: gather the slots' states, zero the fresh ones in the copy,
+    chunk_gated_delta_rule with head_first=False, scatter the final states back."""
+    pool, slots = t["pool"], t["slots"]
+    initial_state = pool[slots].contiguous()
+    initial_state[~t["has_initial_state"], ...] = 0
+    o, last_state = ops.chunk_gated_delta_rule(
+        q=t["q"], k=t["k"], v=t["v"], g=t["g"], beta=t["beta"], initial_state=initial_state,
+        output_final_state=True, cu_seqlens=t["cu_seqlens"], head_first=False,
+        use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+    pool[slots] = last_state.to(pool.dtype)
+    return o
+
+
+def step_vllm_gdn_decode(ops, t):
+    """vLLM Qwen3-Next decode: the whole pool, its slots and inplace_final_state=True."""
+    o, _ = ops.fused_recurrent_gated_delta_rule(
+        q=t["q"], k=t["k"], v=t["v"], g=t["g"], beta=t["beta"], initial_state=t["pool"],
+        inplace_final_state=True, cu_seqlens=t["cu_seqlens"][: t["num_decodes"] + 1],
+        ssm_state_indices=t["slots"], use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+    return o
+
+
+def step_sglang_gdn_extend(ops, t):
+    """SGLang extend (TritonGDNKernel.extend), on SGLang's own chunk_gated_delta_rule: pool +
+    slots updated in place, (o, None, h) back."""
+    o, _, _ = ops.chunk_gated_delta_rule(
+        q=t["q"], k=t["k"], v=t["v"], g=t["g"], beta=t["beta"], initial_state=t["pool"],
+        cu_seqlens=t["cu_seqlens"], head_first=False, use_qk_l2norm_in_kernel=True,
+        initial_state_indices=t["slots"], inplace_update=True,
+    )  # fmt: skip
+    return o
+
+
+def step_sglang_gdn_decode(ops, t):
+    """SGLang decode (its fused_sigmoid_gating_delta_rule_update: softplus gate from A_log,
+    dt_bias [HV], sigmoid of raw b, L2 norms, V-first pool in place, -1 slots skipped), written
+    against fla 0.6.0's fused_recurrent_gated_delta_rule with kreg's pool keyword."""
+    o, _ = ops.fused_recurrent_gated_delta_rule(
+        q=t["q"], k=t["k"], v=t["v"], g=t["g"], beta=t["beta"], initial_state=t["pool"],
+        use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=t["A_log"],
+        dt_bias=t["dt_bias"], use_beta_sigmoid_in_kernel=True, state_v_first=True,
+        cu_seqlens=t["cu_seqlens"], initial_state_indices=t["slots"],
+    )  # fmt: skip
+    return o
+
+
 VLLM = "vllm-project/vllm vllm/model_executor/layers/kda.py@01a7e5d9"
+VLLM_GDN = "vllm-project/vllm vllm/model_executor/models/qwen3_next.py@6365b387"
+SGLANG_GDN = (
+    "sgl-project/sglang python/sglang/srt/layers/attention/linear/kernels/gdn_triton.py@0a48af3a"
+)
 SGLANG = (
     "sgl-project/sglang python/sglang/srt/layers/attention/linear/kernels/kda_triton.py@007d1d93"
 )
@@ -228,6 +321,16 @@ CALLS = {
                    True, "conv_transposed", SGLANG + " (on fla 0.6.0's signature)"),
         EngineCall("sglang.decode", "fused_recurrent_kda", step_sglang_decode, "raw", "logit",
                    True, "split_rows", SGLANG + " (decode, on fla 0.6.0's signature)"),
+        EngineCall("vllm.gdn_prefill", "chunk_gated_delta_rule", step_vllm_gdn_prefill,
+                   "activated", "prob_act", False, "contiguous", VLLM_GDN, family="gdn"),
+        EngineCall("vllm.gdn_decode", "fused_recurrent_gated_delta_rule", step_vllm_gdn_decode,
+                   "activated", "prob_act", False, "contiguous", VLLM_GDN, family="gdn"),
+        EngineCall("sglang.gdn_extend", "chunk_gated_delta_rule", step_sglang_gdn_extend,
+                   "activated", "prob_act", True, "conv_transposed", SGLANG_GDN,
+                   library="sglang", family="gdn"),
+        EngineCall("sglang.gdn_decode", "fused_recurrent_gated_delta_rule",
+                   step_sglang_gdn_decode, "raw", "logit", True, "split_rows",
+                   SGLANG_GDN + " (decode, on fla 0.6.0's signature)", family="gdn"),
     ]
 }  # fmt: skip
 
@@ -260,6 +363,11 @@ def batches(K=32, H=1, HV=2, prefill=(5, 1, 14), decode=4):
         ("sglang.extend", "varlen", sg_pre),
         ("sglang.extend_fla", "varlen", sg_pre),
         ("sglang.decode", "batch_with_pad_slot", dec),
+        ("vllm.gdn_prefill", "varlen", pre),
+        ("vllm.gdn_decode", "batch", attrs.evolve(dec, slots=unpadded)),
+        ("vllm.gdn_decode", "graph_padded", padded),
+        ("sglang.gdn_extend", "varlen", sg_pre),
+        ("sglang.gdn_decode", "batch_with_pad_slot", dec),
     ]
 
 
@@ -276,8 +384,11 @@ def expected(call: EngineCall, b: Batch, t: dict) -> tuple[np.ndarray, np.ndarra
     its slot; every other slot keeps its value. ``t`` as made, before the step."""
     x = {n: t[n].double().cpu().numpy() for n in ("q", "k", "v", "g", "beta")}
     x["q"], x["k"] = l2norm(x["q"]), l2norm(x["k"])
+    if call.family == "gdn":  # a scalar gate is a per-channel gate with equal channels
+        x["g"] = x["g"][..., None]
     if call.gate == "raw":
         x["g"] = gate_softplus(x["g"], t["A_log"].cpu(), t["dt_bias"].cpu())
+    x["g"] = np.broadcast_to(x["g"], (*x["g"].shape[:-1], b.K))
     if call.beta == "logit":
         x["beta"] = sigmoid(x["beta"])
     pool = t["pool"].double().cpu().numpy().copy()
@@ -300,26 +411,43 @@ def clone(t: dict) -> dict:
 # --- fla as an engine would run it (GPU lane) --------------------------------------------------
 
 
-def pooled_ops(chunk_kda, fused_recurrent_kda) -> SimpleNamespace:
-    """fla 0.6.0's public functions take no pool (``fused_recurrent_kda`` ignores
-    ``ssm_state_indices`` and asserts one state per sequence): the pool calls' keywords are
-    served here by gathering the slots' states (zeros for -1), calling fla with
-    ``output_final_state=True``, and scattering the final states back: the engines' pool
-    semantics on fla's numerics. Calls without a pool keyword pass through unchanged."""
+def pooled_ops(**functions) -> SimpleNamespace:
+    """fla 0.6.0's public functions (by name: ``chunk_kda=...``) as an engine would run them.
+    They take no pool (the fused_recurrent functions ignore ``ssm_state_indices`` and assert one
+    state per sequence): the pool calls' keywords are served here by gathering the slots'
+    states (zeros for -1), calling fla with ``output_final_state=True``, and scattering the
+    final states back: the engines' pool semantics on fla's numerics (vLLM's
+    ``inplace_final_state=True`` is that). The chunk functions get the engines'
+    ``head_first=False`` dropped (fla 0.6.0 raises on any ``head_first``). Calls without these
+    keywords pass through unchanged."""
 
-    def recurrent(*args, initial_state=None, **kw):
-        name = "ssm_state_indices" if "ssm_state_indices" in kw else "initial_state_indices"
-        slots = kw.pop(name, None)
-        if slots is None:
-            return fused_recurrent_kda(*args, initial_state=initial_state, **kw)
-        pool = initial_state
-        n = len(kw["cu_seqlens"]) - 1
-        slots = slots[:n].long()
-        live = slots >= 0
-        h0 = torch.where(live.view(-1, 1, 1, 1), pool[slots.clamp(min=0)], 0).float()
-        kw["output_final_state"] = True
-        o, ht = fused_recurrent_kda(*args, initial_state=h0, **kw)
-        pool[slots[live]] = ht[live].to(pool.dtype)
-        return o, pool
+    def recurrent(fn):
+        def call(*args, initial_state=None, inplace_final_state=True, **kw):
+            name = "ssm_state_indices" if "ssm_state_indices" in kw else "initial_state_indices"
+            slots = kw.pop(name, None)
+            if slots is None:
+                return fn(*args, initial_state=initial_state, **kw)
+            assert inplace_final_state, "only the in-place pool is replayed"
+            pool = initial_state
+            n = len(kw["cu_seqlens"]) - 1
+            slots = slots[:n].long()
+            live = slots >= 0
+            h0 = torch.where(live.view(-1, 1, 1, 1), pool[slots.clamp(min=0)], 0).float()
+            kw["output_final_state"] = True
+            o, ht = fn(*args, initial_state=h0, **kw)
+            pool[slots[live]] = ht[live].to(pool.dtype)
+            return o, pool
 
-    return SimpleNamespace(chunk_kda=chunk_kda, fused_recurrent_kda=recurrent)
+        return call
+
+    def chunk(fn):
+        def call(*args, head_first=False, **kw):
+            assert head_first is False, "fla 0.6.0 takes [B, T, H, ...] inputs only"
+            return fn(*args, **kw)
+
+        return call
+
+    return SimpleNamespace(**{
+        name: (recurrent if name.startswith("fused_recurrent") else chunk)(fn)
+        for name, fn in functions.items()
+    })  # fmt: skip

@@ -1,8 +1,9 @@
-"""vLLM's and SGLang's KDA call sites (``tests/engine_calls.py``) replayed unchanged on
-``kreg.compat.fla`` on a GPU, bf16 activations at Kimi-Linear's head dim (K = V = 128):
-against the float64 oracle, and against fla-core itself (``fla.ops.kda``, the engines' pool
-keywords served by gather / scatter around it: ``engine_calls.pooled_ops``), outputs and
-written slots within bf16 tolerance, the pool's other slots untouched. One short run:
+"""vLLM's and SGLang's KDA and GDN call sites (``tests/engine_calls.py``) replayed unchanged on
+``kreg.compat.fla`` on a GPU, bf16 activations at Kimi-Linear's and Qwen3-Next's head dim
+(K = V = 128): against the float64 oracle, and against fla-core itself (``fla.ops.kda``,
+``fla.ops.gated_delta_rule``, the engines' pool keywords served by gather / scatter around it:
+``engine_calls.pooled_ops``), outputs and written slots within bf16 tolerance, the pool's other
+slots untouched. One short run:
 
     FLA_DISABLE_BACKEND_DISPATCH=1 python -m pytest tests/test_engine_replay_gpu.py -q
 """
@@ -31,7 +32,7 @@ def _params(pool_dtypes=("float32",)) -> list:
 
 def _fla_ops():
     try:
-        from fla.ops.kda import chunk_kda, fused_recurrent_kda
+        from fla.ops import gated_delta_rule, kda
     except ImportError:
         return None
 
@@ -41,7 +42,10 @@ def _fla_ops():
 
         return call
 
-    return ec.pooled_ops(int64_offsets(chunk_kda), int64_offsets(fused_recurrent_kda))
+    names = {kda: ("chunk_kda", "fused_recurrent_kda"),
+             gated_delta_rule: ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule")}  # fmt: skip
+    return ec.pooled_ops(**{name: int64_offsets(getattr(module, name))
+                            for module, functions in names.items() for name in functions})  # fmt: skip
 
 
 def _run(ops, call, t):

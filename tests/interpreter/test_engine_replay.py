@@ -1,5 +1,5 @@
-"""vLLM's and SGLang's KDA call sites (``tests/engine_calls.py``) replayed unchanged on
-``kreg.compat.fla`` under the Triton interpreter, against the float64 token-serial oracle:
+"""vLLM's and SGLang's KDA and GDN call sites (``tests/engine_calls.py``) replayed unchanged
+on ``kreg.compat.fla`` (or ``kreg.compat.sglang``) under the Triton interpreter, against the float64 token-serial oracle:
 outputs, the slots the call writes, and every other slot of the pool left bit for bit as it
 was. fp16 activations (the interpreter's bf16 dot is wrong) and fp32 pools, K = V = 32.
 """
@@ -62,17 +62,23 @@ def test_call_runs_unchanged_and_matches_the_oracle(name, batch):
 
 def test_call_layouts_are_the_engines():
     """The replayed tensors have the engines' layouts, so the shim is exercised on them: q, k,
-    v non-contiguous views of one buffer in prefill, int32 offsets and slots, fp32 g and beta
-    from vLLM's gate, A_log [1, 1, HV, 1] fp32."""
+    v non-contiguous views of one buffer where the engine splits them, int32 offsets and slots,
+    fp32 g from the engines' gates (beta fp32, or in the activations' dtype from
+    fused_gdn_gating), A_log fp32 [1, 1, HV, 1] (KDA) or [HV] (GDN)."""
     for name, _, batch in CASES:
         call = ec.CALLS[name]
         t = ec.make_tensors(call, batch, dtype=FP16)
         assert t["cu_seqlens"].dtype == t["slots"].dtype == torch.int32
-        assert tuple(t["A_log"].shape) == (1, 1, batch.HV, 1) and t["A_log"].dtype == torch.float32
+        a_log = (batch.HV,) if call.family == "gdn" else (1, 1, batch.HV, 1)
+        assert tuple(t["A_log"].shape) == a_log and t["A_log"].dtype == torch.float32
+        g = (1, sum(batch.lengths), batch.HV, *(() if call.family == "gdn" else (batch.K,)))
+        assert tuple(t["g"].shape) == g
         contiguous = [t[n].is_contiguous() for n in ("q", "k", "v")]
         assert not any(contiguous) if call.q_layout != "contiguous" else all(contiguous)
         if call.gate == "activated":
-            assert t["g"].dtype == t["beta"].dtype == torch.float32 and (t["g"] <= 0).all()
+            beta = FP16 if call.beta == "prob_act" else torch.float32
+            assert t["g"].dtype == torch.float32 and (t["g"] <= 0).all()
+            assert t["beta"].dtype == beta
 
 
 def test_a_missed_pool_write_is_caught():
