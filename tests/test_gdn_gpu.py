@@ -130,13 +130,18 @@ def _fla():
 
 
 def test_agrees_with_fla_prefill_and_decode(record_property):
+    """Two bf16 implementations, each about 0.3 % off the float64 loop, agree within 1 %; and
+    kreg is at least as close to the loop as fla (within 10 %)."""
     chunk, recurrent = _fla()
-    x = make(1, 8192, seed=11)
+    x = make(1, 4096, seed=11)
     gate = dict(use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"])
     ref, _ = chunk(x["q"], x["k"], x["v"], x["g"], x["beta"], use_qk_l2norm_in_kernel=True, **gate)
     o, _ = call(x)
+    exact, _ = token_serial_f64(**activated(x))
     report(record_property, "gdn vs fla chunk rel rms", rel_rms(o, ref))
-    assert rel_rms(o, ref) <= MAX_REL_RMS
+    report(record_property, "gdn / fla error vs float64", rel_rms(o, exact) / rel_rms(ref, exact))
+    assert rel_rms(o, ref) <= 1e-2
+    assert rel_rms(o, exact) <= 1.1 * rel_rms(ref, exact)
     d = make(64, 1, seed=12)
     g = -d["A_log"].exp() * F.softplus(d["g"].float() + d["dt_bias"])
     s0 = 0.1 * torch.randn(64, HV, K, K, device="cuda")

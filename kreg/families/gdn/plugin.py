@@ -54,6 +54,14 @@ FAMILY = Family(
     description="Gated DeltaNet: gated delta-rule linear attention with a scalar gate per token "
     "and value head, chunkwise prefill and token-serial decode",
     docs="docs/families/gdn.md",
+    # Qwen3-Next's layer: 16 q/k heads, 32 value heads, K = V = 128, softplus gate, L2 norm
+    default_options={
+        "gate": "scalar",
+        "H": "16",
+        "HV": "32",
+        "gate_activation": "softplus",
+        "qk_l2norm": "true",
+    },  # fmt: skip
     data=__package__,  # tuning.json beside this file
 )
 
@@ -69,3 +77,11 @@ def kreg_register_golden_cases(register):
 
     for case in golden_cases():
         register(case)
+
+
+@hookimpl
+def kreg_register_scenarios(register):
+    from .bench import decode, scenario
+
+    register(scenario.scenario())
+    register(decode.scenario())
