@@ -187,8 +187,11 @@ def _kda_problem():
     return LinearAttentionProblem.from_options({})
 
 
-def test_foreign_family_never_takes_over_kda(plugin_env, monkeypatch, capsys):
+def test_foreign_family_never_takes_over_kda_or_gdn(plugin_env, monkeypatch, capsys):
+    """A throwaway family on the shared problem type, at a priority above everything, taking
+    every problem: kda_prefill and gdn_prefill (and their ``explain``) still run their own."""
     from kreg.dispatch import select
+    from kreg.families.gdn import gdn_prefill
     from kreg.families.kda import api
 
     plugin_env.install("evil", "kreg_t_evil", FOREIGN)
@@ -211,8 +214,13 @@ def test_foreign_family_never_takes_over_kda(plugin_env, monkeypatch, capsys):
     beta = torch.rand(B, T, H)
     api.kda_prefill(q, k, v, g, beta, target="sm90")
     api.kda_prefill(q, k, v, g, beta, target="sm90", algorithm="split")
-    assert [s.candidate.name for s in seen] == ["kda.split", "kda.split"]
+    gdn_prefill(q, k, v, g[..., 0], beta, target="sm90")  # a scalar gate [B, T, HV]
+    gdn_prefill(q, k, v, g[..., 0], beta, target="sm90", algorithm="split")
+    assert [s.candidate.name for s in seen] == ["kda.split"] * 2 + ["gdn.split"] * 2
     monkeypatch.delenv("TRITON_INTERPRET")
+    gdn = reg.families["gdn"].problem()
+    assert select(gdn, "sm90").candidate.name == "evil.split"  # every family competes ...
+    assert select(gdn, "sm90", family="gdn").candidate.name == "gdn.split"  # ... or gdn's only
 
     assert main(["explain", "kda", "--target", "sm90", "--verbose"]) == 0
     out, _ = capsys.readouterr()
@@ -223,6 +231,8 @@ def test_foreign_family_never_takes_over_kda(plugin_env, monkeypatch, capsys):
     assert not any(e["candidate"].startswith("evil.") for e in data["trace"])
     assert main(["explain", "evil", "--target", "sm90", "--verbose"]) == 0
     assert "selected    evil.split" in capsys.readouterr()[0].splitlines()
+    assert main(["explain", "gdn", "--target", "sm90", "--verbose"]) == 0
+    assert "selected    gdn.split" in capsys.readouterr()[0].splitlines()
 
 
 def test_foreign_rules_that_raise_neither_break_select_nor_list(plugin_env, capsys):
