@@ -41,7 +41,6 @@ file takes about 2.5 minutes of CPU (2026-12-06, a 2-core machine).
 from __future__ import annotations
 
 import attrs
-import numpy as np
 import pytest
 import test_kda_properties as kp  # same folder: pytest puts it on sys.path
 import torch
@@ -308,24 +307,7 @@ def test_split_equals_fused_bitwise(name):
 def test_varlen_equals_each_sequence_alone(seed):
     """Packed sequences of random lengths (one empty) equal each sequence run alone, bit for bit,
     on the split and the fused path; the empty one keeps its initial state."""
-    chunk, sb, H, HV, _, rng = kp._random_case(seed)
-    lens = [int(n) for n in rng.integers(1, 2 * chunk + 8, size=3)]
-    lens.insert(int(rng.integers(0, 4)), 0)
-    cu = np.concatenate([[0], np.cumsum(lens)])
-    x = scalar(kp._inputs(1, int(cu[-1]), H, HV, seed=520 + seed))
-    s0 = kp._states(len(lens), HV, seed=530 + seed)
-    kw = dict(chunk=chunk, solve_block=sb, output_final_state=True)
-    for fused in (False, True):
-        o, ht = run(x, **kw, fused=fused, initial_state=s0, cu_seqlens=torch.tensor(cu))
-        for n in range(len(lens)):
-            a, b = int(cu[n]), int(cu[n + 1])
-            if a == b:
-                assert_equal(ht[n], s0[n], f"fused={fused}: empty sequence's state")
-                continue
-            part = {name: t[:, a:b].contiguous() for name, t in x.items()}
-            on, hn = run(part, **kw, fused=fused, initial_state=s0[n : n + 1])
-            assert_equal(o[:, a:b], on, f"fused={fused}: o of sequence {n}")
-            assert_equal(ht[n : n + 1], hn, f"fused={fused}: final state of sequence {n}")
+    kp.check_varlen_alone(run, seed, scalar)
 
 
 @NON_FINITE_EXPECTED

@@ -440,13 +440,19 @@ def test_deterministic_and_batch_invariant(seed):
 def test_varlen_equals_each_sequence_alone(seed):
     """Packed sequences of random lengths (one empty) equal each sequence run alone, bit for bit,
     on the split and the fused path."""
+    check_varlen_alone(run, seed, lambda x: x, anchor="safe")
+
+
+def check_varlen_alone(run, seed, inputs_of, **spec):
+    """Random lengths (one empty) packed, against each sequence run alone, bit for bit, split and
+    fused (``inputs_of`` maps KDA's inputs to the family's; ``spec`` pins the anchor)."""
     chunk, sb, H, HV, _, rng = _random_case(seed)
     lens = [int(n) for n in rng.integers(1, 2 * chunk + 8, size=3)]
     lens.insert(int(rng.integers(0, 4)), 0)
     cu = np.concatenate([[0], np.cumsum(lens)])
-    x = _inputs(1, int(cu[-1]), H, HV, seed=520 + seed)
+    x = inputs_of(_inputs(1, int(cu[-1]), H, HV, seed=520 + seed))
     s0 = _states(len(lens), HV, seed=530 + seed)
-    kw = dict(chunk=chunk, solve_block=sb, anchor="safe", output_final_state=True)
+    kw = dict(chunk=chunk, solve_block=sb, output_final_state=True, **spec)
     for fused in (False, True):
         o, ht = run(x, **kw, fused=fused, initial_state=s0, cu_seqlens=torch.tensor(cu))
         for n in range(len(lens)):

@@ -123,6 +123,10 @@ def delta_rule_candidates(
     (prefill), ``<family>.recurrent`` (decode-shaped problems, pools) and ``<family>.fused``
     (opt-in), serving the problems ``accepts`` admits. KDA's and GDN's differ in their name,
     their gate kind (``accepts``) and their words, not in code."""
+
+    def pairs(spec, target, problem=None):  # None without a pairs kernel (block anchor, scalar)
+        return build_kda_chunk_pairs(spec.tile, target, launch_shape(problem))
+
     split = Candidate(
         name=f"{family}.split",
         family=family,
@@ -134,10 +138,7 @@ def delta_rule_candidates(
         # (spec, target, problem=None): the kernel a launch for ``problem`` runs, for a
         # representative production problem without one (runtime_args.REPRESENTATIVE)
         builders={
-            # None without a pairs kernel (the block anchor, a scalar gate)
-            "pairs": lambda spec, target, problem=None: build_kda_chunk_pairs(
-                spec.tile, target, launch_shape(problem)
-            ),
+            "pairs": pairs,
             "prep": lambda spec, target, problem=None: build_kda_chunk_prep(
                 spec.tile, target, launch_shape(problem)
             ),
@@ -188,9 +189,7 @@ def delta_rule_candidates(
         enumerate_specs=specs.enumerate_fused_specs,
         is_valid=specs.is_valid_fused_spec,
         builders={
-            "pairs": lambda spec, target, problem=None: build_kda_chunk_pairs(
-                spec.tile, target, launch_shape(problem)
-            ),
+            "pairs": pairs,
             "fused": lambda spec, target, problem=None: build_kda_chunk_fused(
                 spec, target, launch_shape(problem)
             ),

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import itertools
 
-from kreg.bench import BenchCase, Impl, Pair, Prepared, Skip, first_line, run_cases
+from kreg.bench import BenchCase, Impl, Pair, Prepared, Skip, first_line
 from kreg.families.kda.bench import gate_regimes
 from kreg.families.kda.bench import scenario as kda_bench
 from kreg.families.kda.bench.decode import main_row
@@ -528,12 +528,8 @@ def run(bench_cases, **options) -> dict:
                          "+ seqs*HV*K*V*8 (fp32 state in and out) + 2*HV*4 (A_log, dt_bias, "
                          "gate in the kernel)",
     }  # fmt: skip
-    # the compiling workers share the GPU: fla must not persist autotuning results made there
-    options.setdefault("worker_env", {"FLA_CACHE_RESULTS": "0"})
-    target = options.get("target")
-    options.setdefault("warm_jobs", lambda cs: bench_warm_jobs(
-        cs, target.name if target else "sm90"))  # fmt: skip
-    return run_cases(SCENARIO, bench_cases, prepare, doc=HARNESS_DOC, meta=meta, **options)
+    return kda_bench.run_with_fla(SCENARIO, bench_cases, prepare, bench_warm_jobs,
+                                  doc=HARNESS_DOC, meta=meta, **options)  # fmt: skip
 
 
 def scenario():

@@ -792,14 +792,19 @@ def run(bench_cases, *, scenario: str = "kda", doc: str = HARNESS_DOC, **options
         "torch_cuda_arch": torch.cuda.get_device_capability() if torch.cuda.is_available()
         else None,
     }  # fmt: skip
-    # fla persists autotuning results (FLA_CACHE_RESULTS=1 by default): the compiling workers
-    # share the GPU, so they must not, and fla tunes in the measuring process on an idle GPU.
+    return run_with_fla(scenario, bench_cases, prepare, bench_warm_jobs, doc=doc, meta=meta,
+                        **options)  # fmt: skip
+
+
+def run_with_fla(name, bench_cases, prepare, warm_jobs, **options) -> dict:
+    """``run_cases`` with fla-core as a peer (the KDA and GDN scenarios): fla persists autotuning
+    results (FLA_CACHE_RESULTS=1 by default), and the compiling workers share the GPU, so they
+    must not (fla tunes in the measuring process on an idle GPU); ``warm_jobs(cases, target
+    name)`` compiles each kreg kernel and each fla autotuning class once, not once per case."""
     options.setdefault("worker_env", {"FLA_CACHE_RESULTS": "0"})
-    # each kreg kernel and each fla autotuning class compiled once, not once per case
     target = options.get("target")
-    options.setdefault("warm_jobs", lambda cs: bench_warm_jobs(
-        cs, target.name if target else "sm90"))  # fmt: skip
-    return run_cases(scenario, bench_cases, prepare, doc=doc, meta=meta, **options)
+    options.setdefault("warm_jobs", lambda cs: warm_jobs(cs, target.name if target else "sm90"))
+    return run_cases(name, bench_cases, prepare, **options)
 
 
 def scenario():
