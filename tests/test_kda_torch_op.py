@@ -4,11 +4,15 @@ fake-mode tracing, and (``gpu``) CUDA graph capture.
 The main process does not run the Triton interpreter, so nothing here executes a kernel on CPU:
 the fake implementation runs under ``FakeTensorMode``. The op's numerics and ``torch.compile``
 run in the interpreter lane (``tests/interpreter/test_kda_torch_op.py``).
+
+The helpers take an ``Op`` (an entry, its op's wrapper, its gate kind), KDA's by default:
+``tests/test_gdn_torch_op.py`` runs them on ``kreg::gdn_prefill``, made by the same factory.
 """
 
 from __future__ import annotations
 
 import inspect
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -24,15 +28,32 @@ from kreg.registry import get_registry
 FP16, FP32 = torch.float16, torch.float32
 
 
-def fake_inputs(B=2, T=40, H=2, HV=None, K=32, V=32, dtype=FP16, device="cpu"):
+class Op(NamedTuple):
+    """A family's prefill entry, the wrapper of its custom op, and its gate kind."""
+
+    entry: object
+    wrapper: object
+    gate: str
+
+    @property
+    def raw(self):
+        """The raw op, ``torch.ops.kreg.<entry>``."""
+        return getattr(torch.ops.kreg, self.entry.__name__)
+
+
+KDA = Op(api.kda_prefill, kda_prefill_op, "per_channel")
+
+
+def fake_inputs(B=2, T=40, H=2, HV=None, K=32, V=32, dtype=FP16, device="cpu", gate="per_channel"):
     HV = HV or H
     return dict(
         q=torch.empty(B, T, H, K, dtype=dtype, device=device),
         k=torch.empty(B, T, H, K, dtype=dtype, device=device),
         v=torch.empty(B, T, HV, V, dtype=dtype, device=device),
-        g=torch.empty(B, T, HV, K, dtype=dtype, device=device),
+        g=torch.empty(B, T, HV, *([K] if gate == "per_channel" else []), dtype=dtype,
+                      device=device),
         beta=torch.empty(B, T, HV, dtype=dtype, device=device),
-    )
+    )  # fmt: skip
 
 
 def shapes(out):
@@ -62,30 +83,38 @@ def test_registered_and_exported():
             assert a.default_value == ref[a.name].default, a.name
 
 
-def test_wrapper_mirrors_kda_prefill_keywords():
-    ref = inspect.signature(api.kda_prefill).parameters
-    got = inspect.signature(kda_prefill_op).parameters
+def check_wrapper_mirrors_the_signature(op: Op):
+    ref = inspect.signature(op.entry).parameters
+    assert ref == api.PREFILL_SIGNATURE.parameters  # the one signature of every entry
+    got = inspect.signature(op.wrapper).parameters
     assert list(got) == list(ref)
     for name, p in ref.items():
         assert got[name].kind == p.kind, name
         assert got[name].default == p.default, name
     # the raw op takes the same arguments in the same order, but for the state pool's (the
     # wrapper refuses them: the schema declares no mutated input)
-    op_args = [a.name for a in torch.ops.kreg.kda_prefill.default._schema.arguments]
+    op_args = [a.name for a in op.raw.default._schema.arguments]
     assert op_args == [n for n in ref if n not in torch_op._POOL_ARGS]
-    with pytest.raises(ValueError, match="^initial_state_indices: state pools are not served"):
-        kda_prefill_op(*[torch.zeros(1)] * 5, initial_state_indices=torch.zeros(1))
+    entry = op.entry.__name__
+    assert op.wrapper.__name__ == f"{entry}_op" and f"``{entry}``" in op.wrapper.__doc__
+    with pytest.raises(ValueError, match=f"^initial_state_indices: .*: call {entry}$"):
+        op.wrapper(*[torch.zeros(1)] * 5, initial_state_indices=torch.zeros(1))
+
+
+def test_wrapper_mirrors_kda_prefill_keywords():
+    check_wrapper_mirrors_the_signature(KDA)
 
 
 # --- fake implementation -------------------------------------------------------------------------
 
 
-def run_fake(x, **kw):
+def run_fake(x, *, op: Op = KDA, **kw):
+    """The raw op's and the wrapper's outputs on fake copies of ``x`` and ``kw``'s tensors."""
     with FakeTensorMode() as mode:
         fx = {name: mode.from_tensor(t) for name, t in x.items()}
         fkw = {n: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for n, t in kw.items()}
-        raw = torch.ops.kreg.kda_prefill(**fx, **fkw)
-        wrapped = kda_prefill_op(**fx, **fkw)
+        raw = op.raw(**fx, **fkw)
+        wrapped = op.wrapper(**fx, **fkw)
     return raw, wrapped
 
 
@@ -150,19 +179,23 @@ def test_fake_reads_no_values():
     assert tuple(ht.shape) == (3, 2, 32, 32) and o.device.type == "meta"
 
 
-def test_make_fx_traces_one_op_node():
+def check_make_fx_traces_one_op_node(op: Op):
     """Tracing with fake tensors (no kernel runs) records the op as a single node."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def fn(q, k, v, g, beta, h0):
-        o, ht = kda_prefill_op(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+        o, ht = op.wrapper(q, k, v, g, beta, initial_state=h0, output_final_state=True)
         return o * 2, ht + 1
 
-    x = fake_inputs(B=1, T=40, H=1, dtype=FP32)
+    x = fake_inputs(B=1, T=40, H=1, dtype=FP32, gate=op.gate)
     h0 = torch.empty(1, 1, 32, 32)
     gm = make_fx(fn, tracing_mode="fake")(*x.values(), h0)
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
-    assert targets.count(torch.ops.kreg.kda_prefill.default) == 1
+    assert targets.count(op.raw.default) == 1
+
+
+def test_make_fx_traces_one_op_node():
+    check_make_fx_traces_one_op_node(KDA)
 
 
 @pytest.mark.parametrize("chunk_states", [False, True])
@@ -185,37 +218,49 @@ def test_make_fx_symbolic_shapes(chunk_states):
 # --- validation ----------------------------------------------------------------------------------
 
 
-def test_varlen_chunk_states_rejected():
-    x = fake_inputs(B=1, T=40, H=2)
+def check_varlen_chunk_states_rejected(op: Op):
+    x = fake_inputs(B=1, T=40, H=2, gate=op.gate)
     cu = torch.tensor([0, 20, 40])
-    with pytest.raises(ValueError, match="^output_chunk_states: .*cu_seqlens"):
-        kda_prefill_op(**x, cu_seqlens=cu, output_chunk_states=True)
+    entry = op.entry.__name__
+    with pytest.raises(ValueError, match=f"^output_chunk_states: .*cu_seqlens.*call {entry} "):
+        op.wrapper(**x, cu_seqlens=cu, output_chunk_states=True)
     with pytest.raises(ValueError, match="^output_chunk_states: "), FakeTensorMode() as mode:
         fx = {n: mode.from_tensor(t) for n, t in x.items()}
-        torch.ops.kreg.kda_prefill(**fx, cu_seqlens=mode.from_tensor(cu), output_chunk_states=True)
+        op.raw(**fx, cu_seqlens=mode.from_tensor(cu), output_chunk_states=True)
 
 
-@pytest.mark.parametrize(
-    "kw, name",
-    [
-        (dict(k=[1.0]), "k"),
-        (dict(beta=None), "beta"),
-        (dict(initial_state=3), "initial_state"),
-        (dict(cu_seqlens=[0, 40]), "cu_seqlens"),
-        (dict(scale="1"), "scale"),
-        (dict(scale=True), "scale"),
-        (dict(gate_lower_bound="low"), "gate_lower_bound"),
-        (dict(output_final_state=1), "output_final_state"),
-        (dict(use_qk_l2norm="yes"), "use_qk_l2norm"),
-        (dict(state_layout=None), "state_layout"),
-        (dict(algorithm=3), "algorithm"),
-        (dict(target=42), "target"),
-    ],
-)
-def test_wrapper_rejects_bad_arguments_by_name(kw, name):
-    x = {**fake_inputs(B=1, T=40, H=1), **kw}
+def test_varlen_chunk_states_rejected():
+    check_varlen_chunk_states_rejected(KDA)
+
+
+# (keywords the schema cannot carry, the argument the wrapper's ValueError names)
+BAD_ARGUMENTS = [
+    (dict(k=[1.0]), "k"),
+    (dict(beta=None), "beta"),
+    (dict(initial_state=3), "initial_state"),
+    (dict(cu_seqlens=[0, 40]), "cu_seqlens"),
+    (dict(scale="1"), "scale"),
+    (dict(scale=True), "scale"),
+    (dict(gate_lower_bound="low"), "gate_lower_bound"),
+    (dict(output_final_state=1), "output_final_state"),
+    (dict(use_qk_l2norm="yes"), "use_qk_l2norm"),
+    (dict(state_layout=None), "state_layout"),
+    (dict(algorithm=3), "algorithm"),
+    (dict(target=42), "target"),
+    (dict(max_seqlen=True), "max_seqlen"),
+    (dict(A_log=np.zeros(1)), "A_log"),
+]
+
+
+def check_wrapper_rejects(op: Op, kw, name):
+    x = {**fake_inputs(B=1, T=40, H=1, gate=op.gate), **kw}
     with pytest.raises(ValueError, match=f"^{name}: "):
-        kda_prefill_op(**x)
+        op.wrapper(**x)
+
+
+@pytest.mark.parametrize("kw, name", BAD_ARGUMENTS)
+def test_wrapper_rejects_bad_arguments_by_name(kw, name):
+    check_wrapper_rejects(KDA, kw, name)
 
 
 def test_real_impl_errors_surface_as_value_error():
@@ -321,11 +366,21 @@ def _bad(x, **kw):
     return {**x, **kw}
 
 
+def _other_gate(g):
+    """g of the other gate kind: a scalar gate's [B, T, HV] for a per-channel one, and back."""
+    return g[..., 0] if g.dim() == 4 else g[..., None].expand(*g.shape, 32)
+
+
 FAKE_CASES = [
-    # (id, edit of fake_inputs(B=1, T=40, H=2) -> keywords, argument named)
+    # (id, edit of fake_inputs(B=1, T=40, H=2, gate=...) -> keywords, argument named); the same
+    # for either gate kind
     ("k_shape", lambda x: _bad(x, k=x["k"][:, :, :1]), "k"),
     ("k_dtype", lambda x: _bad(x, k=x["k"].float()), "k"),
-    ("g_shape", lambda x: _bad(x, g=x["g"][..., :16]), "g"),
+    # the last dim: K of a per-channel gate, HV of a scalar one
+    ("g_shape", lambda x: _bad(x, g=x["g"][..., :16] if x["g"].dim() == 4 else x["g"][..., :1]),
+     "g"),
+    # the other family's gate: the fake validates with its own op's gate kind
+    ("g_other_gate", lambda x: _bad(x, g=_other_gate(x["g"])), "g"),
     ("beta_4d", lambda x: _bad(x, beta=x["beta"][..., None]), "beta"),
     ("v_HV0", lambda x: _bad(x, v=x["v"][:, :, :0]), "v"),
     ("q_H0", lambda x: _bad(x, q=x["q"][:, :, :0], k=x["k"][:, :, :0]), "q"),
@@ -348,35 +403,44 @@ def _message(fn) -> str:
     return str(e.value)
 
 
-@pytest.mark.parametrize("edit,name", [c[1:] for c in FAKE_CASES], ids=[c[0] for c in FAKE_CASES])
-def test_fake_fails_with_the_eager_message(edit, name):
-    """The fake runs kda_prefill's own data-free checks: tracing a bad call fails exactly as the
+def check_fake_fails_as_eager(op: Op, edit, name):
+    """The fake runs the entry's own data-free checks: tracing a bad call fails exactly as the
     eager call does (eager here: CPU tensors, which fail validation before the device check)."""
-    kw = edit(fake_inputs(B=1, T=40, H=2))
-    eager = _message(lambda: api.kda_prefill(**kw))
+    kw = edit(fake_inputs(B=1, T=40, H=2, gate=op.gate))
+    eager = _message(lambda: op.entry(**kw))
     assert eager.startswith(f"{name}: "), eager
 
     def fake():
         with FakeTensorMode() as mode:
             fkw = {n: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t
                    for n, t in kw.items()}  # fmt: skip
-            torch.ops.kreg.kda_prefill(**fkw)
+            op.raw(**fkw)
 
     assert _message(fake) == eager
 
 
-def test_torch_compile_fails_with_the_eager_message():
-    kw = fake_inputs(B=1, T=40, H=2)
+@pytest.mark.parametrize("edit,name", [c[1:] for c in FAKE_CASES], ids=[c[0] for c in FAKE_CASES])
+def test_fake_fails_with_the_eager_message(edit, name):
+    check_fake_fails_as_eager(KDA, edit, name)
+
+
+def check_torch_compile_fails_as_eager(op: Op):
+    kw = fake_inputs(B=1, T=40, H=2, gate=op.gate)
     kw["k"] = kw["k"][:, :, :1].contiguous()
-    eager = _message(lambda: api.kda_prefill(**kw))
+    eager = _message(lambda: op.entry(**kw))
+    torch._dynamo.reset()
 
     @torch.compile(fullgraph=True, backend="eager", dynamic=False)
     def fn(q, k, v, g, beta):
-        return kda_prefill_op(q, k, v, g, beta)[0]
+        return op.wrapper(q, k, v, g, beta)[0]
 
     with pytest.raises(Exception) as e:
         fn(**kw)
     assert eager in str(e.value), str(e.value)
+
+
+def test_torch_compile_fails_with_the_eager_message():
+    check_torch_compile_fails_as_eager(KDA)
 
 
 # --- scale and gradients through the wrapper -----------------------------------------------------
@@ -413,16 +477,26 @@ def test_wrapper_scale_rejections_as_kda_prefill(scale, fragment):
     assert text.startswith("scale: ") and fragment in text, text
 
 
-@pytest.mark.parametrize("name", ["q", "v", "beta", "initial_state", "A_log"])
-def test_wrapper_refuses_inputs_that_require_grad(name):
+GRAD_ARGS = ["q", "v", "beta", "initial_state", "A_log"]
+
+
+def check_wrapper_refuses_grad(op: Op, name):
     """Inside the op grad mode is off, so the wrapper checks (with kda_prefill's function)."""
-    x = {n: torch.zeros_like(t, dtype=FP32) for n, t in fake_inputs(B=1, T=40, H=1).items()}
+    x = {n: torch.zeros_like(t, dtype=FP32)
+         for n, t in fake_inputs(B=1, T=40, H=1, gate=op.gate).items()}  # fmt: skip
     kw = dict(initial_state=torch.zeros(1, 1, 32, 32), gate_activation="sigmoid_bound",
               gate_lower_bound=-5.0, A_log=torch.zeros(1))  # fmt: skip
     kw = {**x, **kw}
     leaf = kw[name].clone().requires_grad_()
     kw[name] = leaf * 1
-    with pytest.raises(ValueError, match=f"^{name}: requires grad; kda_prefill has no backward"):
-        (kda_prefill_op(**kw)[0].sum() + leaf.sum()).backward()
+    with pytest.raises(
+        ValueError, match=f"^{name}: requires grad; kreg.s delta-rule kernels .* have no backward"
+    ):
+        (op.wrapper(**kw)[0].sum() + leaf.sum()).backward()
     with torch.no_grad(), pytest.raises(ValueError, match=_DEVICE_CHECK):
-        kda_prefill_op(**kw)
+        op.wrapper(**kw)
+
+
+@pytest.mark.parametrize("name", GRAD_ARGS)
+def test_wrapper_refuses_inputs_that_require_grad(name):
+    check_wrapper_refuses_grad(KDA, name)

@@ -1,6 +1,7 @@
 """GDN (Gated DeltaNet): gated delta-rule linear attention with one scalar gate per token and
-value head. ``gdn_prefill`` is imported on first use, so loading the registry (which imports
-this package's plugin) does not pay for torch."""
+value head. ``gdn_prefill`` and ``gdn_prefill_op`` (the same call through the
+``kreg::gdn_prefill`` torch custom op, registered when first used) are imported on first use,
+so loading the registry (which imports this package's plugin) does not pay for torch."""
 
 
 def __getattr__(name):
@@ -8,7 +9,11 @@ def __getattr__(name):
         from .api import gdn_prefill
 
         return gdn_prefill
+    if name == "gdn_prefill_op":
+        from .torch_op import gdn_prefill_op
+
+        return gdn_prefill_op
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["gdn_prefill"]
+__all__ = ["gdn_prefill", "gdn_prefill_op"]

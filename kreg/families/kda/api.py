@@ -400,8 +400,8 @@ def _check_no_grad(named) -> None:
         return
     for name, x in named:
         if isinstance(x, torch.Tensor) and x.requires_grad:
-            _fail(name, "requires grad; kda_prefill has no backward yet: call under "
-                        "torch.no_grad() or detach")  # fmt: skip
+            _fail(name, "requires grad; kreg's delta-rule kernels (kda_prefill, gdn_prefill) "
+                        "have no backward yet: call under torch.no_grad() or detach")  # fmt: skip
 
 
 def _real(name: str, x) -> float:

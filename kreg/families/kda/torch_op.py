@@ -1,8 +1,20 @@
-"""``kreg::kda_prefill``: KDA prefill as a ``torch.library`` custom op.
+"""``kreg::kda_prefill`` (and ``kreg::gdn_prefill``): the delta-rule prefills as ``torch.library``
+custom ops.
 
 The op lets ``torch.compile`` (``fullgraph=True``) trace through a prefill call as one opaque node,
 and gives ``FakeTensorMode`` / meta tracing the output shapes without running a kernel.
 ``kda_prefill_op`` is the Python wrapper with ``kda_prefill``'s keywords and return values.
+
+One factory for every family's op: ``make_prefill_op(name, family, gate)`` registers
+``kreg::<name>`` for the entry ``<name>`` (``kda_prefill``, ``gdn_prefill``: both take the one
+signature ``api.PREFILL_SIGNATURE`` and are served by ``api.run_prefill`` with their family's
+candidates and gate kind) and returns its wrapper ``<name>_op``. The schema, the fake, the checks
+and the wrapper below are written once; an op differs from another only in its name, the family
+whose candidates serve it, and its gate kind (``"per_channel"``: KDA's g ``[B, T, HV, K]``;
+``"scalar"``: GDN's g ``[B, T, HV]``, ``kreg.families.gdn.torch_op``), which both the real and the
+fake implementation validate with. What follows says ``kda_prefill``; it holds for
+``gdn_prefill`` (``kreg::gdn_prefill``, ``gdn_prefill_op``) as written, but for the gate.
+Registered when first used: this module is imported by the families' lazy exports only.
 
 Op schema and output convention
 -------------------------------
@@ -27,8 +39,9 @@ its name); ``max_seqlen`` (after the older arguments, so positional calls made b
 existed still bind) is ``SymInt?``, then ``chunk_states_size`` (``SymInt``) and
 ``chunk_states_dtype`` (``ScalarType?``, None meaning fp32). Every check that reads no tensor's values (types, shapes, dtypes, devices, flags)
 runs in both the fake and the real implementation, through the one function ``kda_prefill`` uses
-(``api._validate``), so a ``torch.compile`` trace fails with the eager message; value checks (the
-offsets) happen in the real implementation, which calls ``kda_prefill`` (a bad argument raises
+(``api._validate``, with the op's gate kind), so a ``torch.compile`` trace fails with the eager
+message; value checks (the offsets) happen in the real implementation, which runs
+``kda_prefill``'s path (``api.run_prefill`` with the family and gate kind; a bad argument raises
 ``ValueError`` naming it). The wrapper additionally rejects, by name, arguments the schema cannot
 carry (a non-tensor where a tensor goes, a non-number scale, ...), converts ``scale`` as
 ``kda_prefill`` does (a Python or numpy real, or a 0-d CPU tensor), and refuses inputs that
@@ -87,9 +100,12 @@ import numbers
 
 import torch
 
-from . import api
+from kreg.problems.linear_attention import GATE_KINDS
 
-OP_NAME = "kreg::kda_prefill"
+from . import api
+from .selection import FAMILY_NAME
+
+OP_NAME = "kreg::kda_prefill"  # kda_prefill_op's (made below); GDN's: kreg::gdn_prefill
 FP32 = torch.float32
 
 # kda_prefill's arguments that the op's schema cannot carry: a pool is written in place, which
@@ -110,11 +126,11 @@ def _fail(name: str, message: str):
     raise ValueError(f"{name}: {message}")
 
 
-def _reject_varlen_chunk_states(cu_seqlens, output_chunk_states) -> None:
+def _reject_varlen_chunk_states(cu_seqlens, output_chunk_states, entry: str) -> None:
     if output_chunk_states and cu_seqlens is not None:
         _fail("output_chunk_states", "not supported with cu_seqlens by the torch op: the chunk "
               "count of a packed batch depends on the offsets' values, which a fake (meta) "
-              "implementation cannot read; call kda_prefill directly")  # fmt: skip
+              f"implementation cannot read; call {entry} directly")  # fmt: skip
 
 
 def _state_tail(q: torch.Tensor, v: torch.Tensor, state_layout: str) -> tuple[int, int, int]:
@@ -131,15 +147,15 @@ def _absent(v: torch.Tensor, tail) -> torch.Tensor:
 def _problem_from_shapes(
     q, v, initial_state, output_final_state, gate_lower_bound, cu_seqlens, gate_activation,
     use_qk_l2norm, use_beta_sigmoid, state_layout, output_chunk_states, cu_seqlens_cpu=None,
-    max_seqlen=None, chunk_states_size=64, chunk_states_dtype=FP32,
+    max_seqlen=None, chunk_states_size=64, chunk_states_dtype=FP32, *, gate="per_channel",
 ):  # fmt: skip
     """The ``LinearAttentionProblem`` ``api._prepare`` builds for these arguments, from shapes
     and flags (what the dispatcher selects on) and, with varlen, the longest sequence, read as
     ``_prepare`` reads it: from ``cu_seqlens_cpu`` or a CPU ``cu_seqlens`` (device offsets alone
-    are not read), ``max_seqlen`` taking its place where given. Kept equal to
-    ``_prepare``'s by a test. The fake implementation itself uses
-    ``api._validate(...).problem()``; this shortcut (no k, g, beta needed) serves tests and
-    benchmarks that only want the selection."""
+    are not read), ``max_seqlen`` taking its place where given; ``gate`` the entry's gate kind
+    (``"scalar"`` for GDN). Kept equal to ``_prepare``'s by a test (both families' ops). The
+    fake implementation itself runs ``api._validate``; this shortcut (no k, g, beta needed)
+    serves tests and benchmarks that only want the selection."""
     from kreg.problems import LinearAttentionProblem
 
     if q.dtype not in api._DTYPES:
@@ -159,7 +175,7 @@ def _problem_from_shapes(
         longest = api.longest_seq(given.to(torch.int64), longest)
     return LinearAttentionProblem(
         batch=B, seq_len=T, heads_qk=H, heads_v=HV, head_dim_k=K, head_dim_v=V,
-        dtype=api._DTYPES[q.dtype], gate_lower_bound=gate_lower_bound,
+        dtype=api._DTYPES[q.dtype], gate=gate, gate_lower_bound=gate_lower_bound,
         gate_activation=gate_activation, qk_l2norm=use_qk_l2norm,
         beta_sigmoid=use_beta_sigmoid, initial_state=initial_state is not None,
         state_dtype=state_dtype, output_final_state=output_final_state,
@@ -194,109 +210,135 @@ def _op_signature() -> inspect.Signature:
 _OP_SIGNATURE = _op_signature()
 
 
-def _op_arguments(args, kwargs) -> dict:
+def _op_arguments(args, kwargs, entry: str) -> dict:
     """The op's arguments by name (defaults filled in), ``chunk_states_dtype`` None -> fp32, and
-    None for the pool's arguments: what ``kda_prefill`` and ``api._validate`` take."""
+    None for the pool's arguments: what ``run_prefill`` and ``api._validate`` take."""
     bound = _OP_SIGNATURE.bind(*args, **kwargs)
     bound.apply_defaults()
     a = bound.arguments
     a["chunk_states_dtype"] = a["chunk_states_dtype"] or FP32
-    _reject_varlen_chunk_states(a["cu_seqlens"], a["output_chunk_states"])
+    _reject_varlen_chunk_states(a["cu_seqlens"], a["output_chunk_states"], entry)
     return a
 
 
-def _kda_prefill_impl(*args, **kwargs):
-    """Real implementation: ``kda_prefill`` (which validates everything), outputs padded to the
-    op's three-tensor convention (module docstring)."""
-    a = _op_arguments(args, kwargs)
-    out = api.kda_prefill(**a)
-    tail = _state_tail(a["q"], a["v"], a["state_layout"])
-    o, ht = out[0], out[1]
-    hs = out[2] if a["output_chunk_states"] else None
-    return (
-        o,
-        ht if ht is not None else _absent(a["v"], tail),
-        hs.contiguous() if hs is not None else _absent(a["v"], tail),
-    )
+# op name (its entry's, without the namespace) -> ((family, gate), wrapper): one registration each
+_OPS: dict = {}
 
 
-def _kda_prefill_fake(*args, **kwargs):
-    """Shapes and dtypes only: reads no tensor values and never synchronises. Runs the same
-    data-free validation as ``kda_prefill`` (``api._validate``), so a traced call fails with the
-    message an eager one gives."""
-    a = _op_arguments(args, kwargs)
-    q, v, cu_seqlens = a["q"], a["v"], a["cu_seqlens"]
-    checked = api._validate(q, a["k"], v, a["g"], a["beta"],
-                            **api.validated({**a, **dict.fromkeys(_POOL_ARGS)}))  # fmt: skip
-    tail = _state_tail(q, v, a["state_layout"])
-    B, T = q.shape[0], q.shape[1]
-    o = torch.empty_like(v)
-    if a["output_final_state"]:
-        n = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
-        ht = v.new_empty((n, *tail), dtype=torch.float32)
-    else:
-        ht = _absent(v, tail)
-    if a["output_chunk_states"]:  # fixed length only (varlen was rejected above)
-        size = checked.fields["chunk_states_size"]
-        hs = v.new_empty((B * -(-T // size), *tail), dtype=a["chunk_states_dtype"])
-    else:
-        hs = _absent(v, tail)
-    return o, ht, hs
+def make_prefill_op(name: str, family: str, gate: str):
+    """Register ``kreg::<name>``, the custom op of the prefill entry ``name`` (``kda_prefill``,
+    ``gdn_prefill``), served by ``api.run_prefill`` with ``family``'s candidates and the gate
+    kind ``gate`` (``"per_channel"`` or ``"scalar"``), and return its wrapper ``<name>_op``
+    (module docstring). The schema is ``_OP_SIGNATURE``, the same for every op. Made once per
+    name: a second call with the same family and gate returns the same wrapper."""
+    if gate not in GATE_KINDS:
+        raise ValueError(f"gate: must be one of {GATE_KINDS}, got {gate!r}")
+    if name in _OPS:
+        made, wrapper = _OPS[name]
+        if made != (family, gate):
+            raise ValueError(f"name: kreg::{name} is registered for (family, gate) {made}, "
+                             f"not {(family, gate)}")  # fmt: skip
+        return wrapper
+
+    def impl(*args, **kwargs):
+        """Real implementation: the entry's path, ``run_prefill`` with the family and gate kind
+        (which validates everything), outputs padded to the op's three-tensor convention
+        (module docstring)."""
+        a = _op_arguments(args, kwargs, name)
+        out = api.run_prefill(**a, family=family, gate=gate)
+        tail = _state_tail(a["q"], a["v"], a["state_layout"])
+        o, ht = out[0], out[1]
+        hs = out[2] if a["output_chunk_states"] else None
+        return (
+            o,
+            ht if ht is not None else _absent(a["v"], tail),
+            hs.contiguous() if hs is not None else _absent(a["v"], tail),
+        )
+
+    def fake(*args, **kwargs):
+        """Shapes and dtypes only: reads no tensor values and never synchronises. Runs the same
+        data-free validation as the entry (``api._validate``, with its gate kind), so a traced
+        call fails with the message an eager one gives."""
+        a = _op_arguments(args, kwargs, name)
+        q, v, cu_seqlens = a["q"], a["v"], a["cu_seqlens"]
+        checked = api._validate(q, a["k"], v, a["g"], a["beta"],
+                                **api.validated({**a, **dict.fromkeys(_POOL_ARGS)}),
+                                gate=gate)  # fmt: skip
+        tail = _state_tail(q, v, a["state_layout"])
+        B, T = q.shape[0], q.shape[1]
+        o = torch.empty_like(v)
+        if a["output_final_state"]:
+            n = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
+            ht = v.new_empty((n, *tail), dtype=torch.float32)
+        else:
+            ht = _absent(v, tail)
+        if a["output_chunk_states"]:  # fixed length only (varlen was rejected above)
+            size = checked.fields["chunk_states_size"]
+            hs = v.new_empty((B * -(-T // size), *tail), dtype=a["chunk_states_dtype"])
+        else:
+            hs = _absent(v, tail)
+        return o, ht, hs
+
+    for fn in (impl, fake):
+        fn.__signature__ = _OP_SIGNATURE
+    torch.library.custom_op(f"kreg::{name}", mutates_args=())(impl).register_fake(fake)
+    op = getattr(torch.ops.kreg, name)
+
+    def wrapper(q, k, v, g, beta, **options):
+        a = api.prefill_arguments(q, k, v, g, beta, **options)  # unknown keywords: TypeError
+        for arg in _POOL_ARGS:  # the schema declares no mutated input
+            if a.pop(arg) is not None:
+                _fail(arg, "state pools are not served through the custom op (the pool is "
+                           f"written in place, which its schema does not declare): call {name}")  # fmt: skip
+        for arg in ("q", "k", "v", "g", "beta"):
+            if not isinstance(a[arg], torch.Tensor):
+                _fail(arg, f"expected a torch.Tensor, got {type(a[arg]).__name__}")
+        for arg in _OPTIONAL_TENSORS:
+            if a[arg] is not None and not isinstance(a[arg], torch.Tensor):
+                _fail(arg, f"expected a torch.Tensor or None, got {type(a[arg]).__name__}")
+        for arg in _BOOLS:
+            if not isinstance(a[arg], bool):
+                _fail(arg, f"must be a bool, got {a[arg]!r}")
+        for arg in _STRINGS:
+            if not isinstance(a[arg], str):
+                _fail(arg, f"must be a str, got {a[arg]!r}")
+        # a Python or numpy real or a 0-d CPU tensor, as the entry takes it: the schema's float?
+        a["scale"] = None if a["scale"] is None else api._real("scale", a["scale"])
+        a["gate_lower_bound"] = _number("gate_lower_bound", a["gate_lower_bound"])
+        a["max_seqlen"] = _integer("max_seqlen", a["max_seqlen"])
+        a["chunk_states_size"] = api.check_chunk_states(a["chunk_states_size"],
+                                                        a["chunk_states_dtype"])[0]  # fmt: skip
+        target = a["target"]
+        if target is not None and not isinstance(target, str):
+            target_name = getattr(target, "name", None)
+            if not isinstance(target_name, str):
+                _fail("target", f"expected a target name, a Target or None, got {target!r}")
+            a["target"] = target_name
+        _reject_varlen_chunk_states(a["cu_seqlens"], a["output_chunk_states"], name)
+        # here, not in the op: the dispatcher runs the implementations with grad mode off
+        api._check_no_grad((arg, a[arg]) for arg in api._GRAD_ARGS)
+        o, ht, hs = op(**a)
+        final = ht if a["output_final_state"] else None
+        return (o, final, hs) if a["output_chunk_states"] else (o, final)
+
+    wrapper.__name__ = wrapper.__qualname__ = f"{name}_op"
+    wrapper.__doc__ = _WRAPPER_DOC.format(name=name)
+    wrapper.__signature__ = api.PREFILL_SIGNATURE
+    _OPS[name] = ((family, gate), wrapper)
+    return wrapper
 
 
-for _fn in (_kda_prefill_impl, _kda_prefill_fake):
-    _fn.__signature__ = _OP_SIGNATURE
-_kda_prefill_impl = torch.library.custom_op(OP_NAME, mutates_args=())(_kda_prefill_impl)
-_kda_prefill_impl.register_fake(_kda_prefill_fake)
-
-
-def kda_prefill_op(q, k, v, g, beta, **options):
-    """``kda_prefill`` through the ``kreg::kda_prefill`` custom op: same keywords, same returns
+_WRAPPER_DOC = """``{name}`` through the ``kreg::{name}`` custom op: same keywords, same returns
     (``(o, final_state)``, ``final_state`` None unless requested; or ``(o, final_state,
     chunk_states)``). Traceable by ``torch.compile(fullgraph=True)`` and fake tensors.
 
-    Differences from ``kda_prefill``: ``output_chunk_states=True`` with ``cu_seqlens`` raises
+    Differences from ``{name}``: ``output_chunk_states=True`` with ``cu_seqlens`` raises
     ``ValueError`` (module docstring); ``target`` is a registered target's name or a ``Target``
-    (passed by name). See the module docstring for CUDA graph capture requirements.
+    (passed by name); state pools (``initial_state_indices``) are refused. See the
+    ``kreg.families.kda.torch_op`` docstring for CUDA graph capture requirements.
     """
-    a = api.prefill_arguments(q, k, v, g, beta, **options)  # unknown keywords: TypeError
-    for name in _POOL_ARGS:  # the schema declares no mutated input
-        if a.pop(name) is not None:
-            _fail(name, "state pools are not served through the custom op (the pool is written "
-                        "in place, which its schema does not declare): call kda_prefill")  # fmt: skip
-    for name in ("q", "k", "v", "g", "beta"):
-        if not isinstance(a[name], torch.Tensor):
-            _fail(name, f"expected a torch.Tensor, got {type(a[name]).__name__}")
-    for name in _OPTIONAL_TENSORS:
-        if a[name] is not None and not isinstance(a[name], torch.Tensor):
-            _fail(name, f"expected a torch.Tensor or None, got {type(a[name]).__name__}")
-    for name in _BOOLS:
-        if not isinstance(a[name], bool):
-            _fail(name, f"must be a bool, got {a[name]!r}")
-    for name in _STRINGS:
-        if not isinstance(a[name], str):
-            _fail(name, f"must be a str, got {a[name]!r}")
-    # a Python or numpy real or a 0-d CPU tensor, as kda_prefill takes it: the schema's float?
-    a["scale"] = None if a["scale"] is None else api._real("scale", a["scale"])
-    a["gate_lower_bound"] = _number("gate_lower_bound", a["gate_lower_bound"])
-    a["max_seqlen"] = _integer("max_seqlen", a["max_seqlen"])
-    a["chunk_states_size"] = api.check_chunk_states(a["chunk_states_size"],
-                                                    a["chunk_states_dtype"])[0]  # fmt: skip
-    target = a["target"]
-    if target is not None and not isinstance(target, str):
-        name = getattr(target, "name", None)
-        if not isinstance(name, str):
-            _fail("target", f"expected a target name, a Target or None, got {target!r}")
-        a["target"] = name
-    _reject_varlen_chunk_states(a["cu_seqlens"], a["output_chunk_states"])
-    # here, not in the op: the dispatcher runs the implementations with grad mode off
-    api._check_no_grad((name, a[name]) for name in api._GRAD_ARGS)
-    o, ht, hs = torch.ops.kreg.kda_prefill(**a)
-    final = ht if a["output_final_state"] else None
-    return (o, final, hs) if a["output_chunk_states"] else (o, final)
 
-
-kda_prefill_op.__signature__ = api.PREFILL_SIGNATURE
+kda_prefill_op = make_prefill_op("kda_prefill", FAMILY_NAME, "per_channel")
 
 
 def _integer(name: str, x):
