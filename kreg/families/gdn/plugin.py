@@ -20,9 +20,9 @@ from kreg.registry.model import Family, Verdict
 from .selection import ABI_VERSION, FAMILY_NAME
 
 FUSED_OPT_IN_REASON = (
-    "the fused kernel runs one program per (sequence, value head): it serialises the parallel "
-    "tile phase, as KDA's fused path does (measured 2.5-50x slower than the split there, "
-    "docs/kda/CASE_STUDY.md); GDN's fused path against its split: docs/gdn/RESULTS.md"
+    "one program per (sequence, value head) serialises the parallel tile phase; KDA's fused "
+    "path, the same kernel with per-channel gates, measured 2.5-50x slower than its split "
+    "(docs/kda/CASE_STUDY.md); GDN's own fused path is not timed yet (docs/gdn/SPEED.md)"
 )
 
 
@@ -62,7 +62,7 @@ FAMILY = Family(
         "gate_activation": "softplus",
         "qk_l2norm": "true",
     },  # fmt: skip
-    data=__package__,  # tuning.json beside this file
+    data=__package__,  # its tuning data would sit here (none yet: the split heuristic ranks)
 )
 
 
