@@ -186,6 +186,7 @@ REJECTIONS = [
     # g
     ("g_not_tensor", opts(g=None), "g", "torch.Tensor"),
     ("g_3d", edit(g=lambda x: x[0]), "g", "expected shape"),
+    ("g_scalar", edit(g=lambda x: x[..., 0]), "g", "a scalar gate [B, T, HV] is GDN's"),
     ("g_K", edit(g=lambda x: x[..., :16]), "g", "expected shape"),
     ("g_dtype", edit(g=lambda x: x.to(torch.bfloat16)), "g", "dtype"),
     ("g_grad", edit(g=grad), "g", "requires grad"),

@@ -480,6 +480,13 @@ def _validate(
     if gate is None:
         gate = "scalar" if isinstance(g, torch.Tensor) and g.dim() == 3 else "per_channel"
     scalar = gate == "scalar"
+    other = (B, T, HV, K) if scalar else (B, T, HV)  # the other family's gate, exactly
+    if isinstance(g, torch.Tensor) and tuple(g.shape) == other:
+        _fail("g", f"got shape {tuple(g.shape)}: "
+                   + ("a per-channel gate [B, T, HV, K] is KDA's (kda_prefill); this entry takes "
+                      "a scalar gate [B, T, HV]" if scalar else
+                      "a scalar gate [B, T, HV] is GDN's (gdn_prefill); this entry takes a "
+                      "per-channel gate [B, T, HV, K]"))  # fmt: skip
     _check_tensor("g", g, (B, T, HV) if scalar else (B, T, HV, K), (q.dtype, torch.float32),
                   device)  # fmt: skip
     _check_tensor("beta", beta, (B, T, HV), (q.dtype, torch.float32), device)
