@@ -70,13 +70,15 @@ def test_empty_sequence_at_zero_belongs_to_rank_0():
 # --- its arguments: kda_prefill's, bound by its signature ----------------------------------------
 
 
-def test_kda_prefill_cp_takes_kda_prefill_keywords_and_its_own():
+@pytest.mark.parametrize("family", ["kda", "gdn"])
+def test_the_cp_entries_take_the_prefill_keywords_and_their_own(family):
+    import importlib
     import inspect
 
     from kreg.families.kda import api
-    from kreg.families.kda.context_parallel import kda_prefill_cp
 
-    got = inspect.signature(kda_prefill_cp).parameters
+    entry = getattr(importlib.import_module(f"kreg.families.{family}"), f"{family}_prefill_cp")
+    got = inspect.signature(entry).parameters
     ref = api.PREFILL_SIGNATURE.parameters
     assert [n for n in got if n not in ("group", "cp_offsets")] == list(ref)
     assert all(got[n] == p for n, p in ref.items())
@@ -85,23 +87,28 @@ def test_kda_prefill_cp_takes_kda_prefill_keywords_and_its_own():
 SLOTS = "one int64 slot"  # made in the test: no tensor at collection time
 
 
+@pytest.mark.parametrize("family", ["kda", "gdn"])
 @pytest.mark.parametrize(
     "name, value",
     [("output_chunk_states", True), ("chunk_states_size", 128), ("initial_state_indices", SLOTS),
      ("initial_state_indices_cpu", SLOTS), ("chunk_states_dtype", "bfloat16")],
 )  # fmt: skip
-def test_what_context_parallel_does_not_serve_is_refused_by_name(name, value):
-    """Refused before the process group is looked at (none exists here)."""
+def test_what_context_parallel_does_not_serve_is_refused_by_name(name, value, family):
+    """Refused before the process group is looked at (none exists here), for either family's
+    entry (GDN's g: ``[B, T, HV]``)."""
     import torch
 
-    from kreg.families.kda.context_parallel import prepare_cp
+    from kreg.families.gdn.context_parallel import GDN
+    from kreg.families.kda.context_parallel import KDA, prepare_cp
 
-    x = [torch.zeros(1, 4, 1, 16)] * 4 + [torch.zeros(1, 4, 1)]
+    entry = {"kda": KDA, "gdn": GDN}[family]
+    g = torch.zeros(1, 4, 1, 16) if family == "kda" else torch.zeros(1, 4, 1)
+    x = [torch.zeros(1, 4, 1, 16)] * 3 + [g, torch.zeros(1, 4, 1)]
     if value == SLOTS:
         value = torch.zeros(1, dtype=torch.int64)
     elif name == "chunk_states_dtype":
         value = getattr(torch, value)
     with pytest.raises(ValueError, match=f"^{name}: not served with context parallelism"):
-        prepare_cp(*x, group=None, **{name: value})
+        prepare_cp(*x, group=None, entry=entry, **{name: value})
     with pytest.raises(TypeError):
-        prepare_cp(*x, group=None, no_such_option=1)
+        prepare_cp(*x, group=None, entry=entry, no_such_option=1)

@@ -1,5 +1,7 @@
 """Context parallel cases for the interpreter lane: the worker that ``torch.multiprocessing``
-spawns (one process per rank, gloo, the interpreter kernels) and the parent's assembly.
+spawns (one process per rank, gloo, the interpreter kernels) and the parent's assembly. A case
+is either family's (``Case.family``: KDA's per-channel gate or GDN's scalar one); ``entries``
+gives the family's single-process and context parallel entries.
 
 A separate module (no ``test_`` prefix): the spawned children import it to find ``worker``.
 The children inherit ``TRITON_INTERPRET=1`` from the lane's environment before any import.
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import attrs
 import torch
@@ -35,6 +38,10 @@ class Case:
     options: tuple[tuple[str, object], ...] = ()  # further kda_prefill options
     repeat: bool = False  # run twice per rank: bitwise equal run to run
     seed: int = 0
+    family: str = "kda"  # "gdn": g [B, T, HV] (channel 0 of the per-channel gates)
+    # A_log [HV] and dt_bias (the gate kind's: [HV, K] per-channel, [HV] scalar) for the gate
+    # activation, chosen for mild decays (about 0.03 per token under softplus)
+    gate_params: bool = False
 
     @property
     def world(self) -> int:
@@ -48,6 +55,39 @@ class Case:
     def n_seqs(self) -> int:
         return self.B if self.cu is None else len(self.cu) - 1
 
+    @property
+    def one_rank(self) -> bool:
+        """One rank holds every token: the result is the single process's bit for bit."""
+        return sum(b > a for a, b in zip(self.offsets, self.offsets[1:], strict=False)) == 1
+
+    @property
+    def cuts(self) -> bool:
+        """A slice boundary falls inside a sequence: states are carried between ranks."""
+        inner = self.offsets[1:-1]
+        if self.cu is None:
+            return any(0 < b < self.T for b in inner)
+        return any(s < b < e for b in inner for s, e in zip(self.cu, self.cu[1:], strict=False))
+
+
+class Entries(NamedTuple):
+    prefill: object  # the single-process entry (kda_prefill, gdn_prefill)
+    prefill_cp: object  # the context parallel one (kda_prefill_cp, gdn_prefill_cp)
+    cp: object  # its CpEntry (prepare_cp's ``entry``)
+    gate: str  # the gate kind (api._prepare's ``gate``)
+
+
+def entries(family: str) -> Entries:
+    if family == "gdn":
+        from kreg.families.gdn.api import gdn_prefill as prefill
+        from kreg.families.gdn.context_parallel import GDN as cp
+        from kreg.families.gdn.context_parallel import gdn_prefill_cp as prefill_cp
+    else:
+        assert family == "kda", family
+        from kreg.families.kda.api import kda_prefill as prefill
+        from kreg.families.kda.context_parallel import KDA as cp
+        from kreg.families.kda.context_parallel import kda_prefill_cp as prefill_cp
+    return Entries(prefill, prefill_cp, cp, cp.gate)
+
 
 def inputs(case: Case):
     """The whole batch's inputs (every rank makes the same ones) and keyword arguments."""
@@ -55,7 +95,15 @@ def inputs(case: Case):
 
     x = make(B=case.B, T=case.T, H=case.H, HV=case.HV, K=case.K, V=case.V, dtype=case.dtype,
              lb=case.lb, seed=case.seed)  # fmt: skip
+    if entries(case.family).gate == "scalar":
+        x["g"] = x["g"][..., 0].contiguous()
     kw = dict(case.options, output_final_state=True, state_layout=case.layout)
+    if case.gate_params:
+        gen = torch.Generator().manual_seed(case.seed + 2)
+        per_channel = x["g"].dim() == 4
+        kw["A_log"] = -1.5 + 0.5 * torch.randn(case.HV, generator=gen)
+        bias = (case.HV, case.K) if per_channel else (case.HV,)
+        kw["dt_bias"] = -2.0 + 0.5 * torch.randn(bias, generator=gen)
     if case.cu is not None:
         kw["cu_seqlens"] = torch.tensor(case.cu)
     if case.h0 is not None:
@@ -66,12 +114,12 @@ def inputs(case: Case):
     return x, kw
 
 
-def pinned(problem, chunk_seg):
-    """The ``kda.split`` selection for ``problem``, its chunk and segments pinned (or as
-    selected for None), checked valid."""
+def pinned(problem, chunk_seg, family: str = "kda"):
+    """The ``kda.split`` (``family``'s split) selection for ``problem``, its chunk and segments
+    pinned (or as selected for None), checked valid."""
     from kreg.dispatch import select
 
-    sel = select(problem, "sm90", algorithm="kda.split")
+    sel = select(problem, "sm90", family=family, algorithm=f"{family}.split")
     if chunk_seg is None:
         return sel
     chunk, seg = chunk_seg
@@ -104,9 +152,10 @@ def run_rank(case: Case, rank: int, group):
     x, kw = inputs(case)
     a, b = case.offsets[rank], case.offsets[rank + 1]
     local = {n: t[:, a:b].contiguous() for n, t in x.items()}
-    cp = prepare_cp(**local, group=group, cp_offsets=case.offsets, **cp_options(kw))
+    cp = prepare_cp(**local, group=group, cp_offsets=case.offsets, **cp_options(kw),
+                    entry=entries(case.family).cp)  # fmt: skip
     spec = None if case.specs is None else case.specs[rank]
-    return run_cp(cp, pinned(cp.problem, spec))
+    return run_cp(cp, pinned(cp.problem, spec, case.family))
 
 
 def worker(rank: int, world: int, store: str, out: str, cases: list[Case]):

@@ -1,5 +1,10 @@
 """Context parallel KDA prefill: one batch's token axis split over the ranks of a process group.
 
+One implementation serves both delta-rule families, parametrised by a ``CpEntry`` (family and
+gate kind): ``kda_prefill_cp`` here, and ``gdn_prefill_cp`` (``kreg.families.gdn``; its scalar
+gate ``[B, T, HV]`` is sliced on the token axis as every other input) through ``prefill_cp``.
+After the prep kernel the two gate kinds' tiles feed the same scan, map and combine kernels.
+
 Each rank holds a contiguous slice of the tokens (of a packed batch, or of every row of a
 fixed-length batch); a slice may cut sequences anywhere, hold nothing, and need not be a whole
 number of chunks. The recurrence is affine in the state (docs/kda/ALGORITHM.md section 2), so
@@ -31,14 +36,34 @@ import attrs
 import numpy as np
 import torch
 
+from kreg.dispatch import select
+
 from . import api, launch
 from .builders import segment_combine_launch
-from .selection import select_kda
+from .selection import FAMILY_NAME
 from .specs import SEGMENT_CHUNKS
 
 # Segments of the open piece's map when the local scan has none (its spec's otherwise): the
 # map pass is then a parallel map kernel plus a chain of chunks / this many combine steps.
 MAP_SEGMENT_CHUNKS = max(SEGMENT_CHUNKS)
+
+
+@attrs.frozen
+class CpEntry:
+    """The single-process entry a context parallel one serves: the family whose split candidate
+    runs every slice (its segment maps carry the state across ranks) and the gate kind
+    ``api._validate`` checks g against ("per_channel": ``[B, T, HV, K]``; "scalar":
+    ``[B, T, HV]``)."""
+
+    family: str
+    gate: str
+
+    @property
+    def algorithm(self) -> str:
+        return f"{self.family}.split"
+
+
+KDA = CpEntry(FAMILY_NAME, "per_channel")
 
 
 @attrs.frozen
@@ -159,22 +184,33 @@ def kda_prefill_cp(q, k, v, g, beta, *, group, cp_offsets=None, **options):
     rank whose arguments are refused raises before the collective (and the others then wait in
     it, as with any collective).
     """
-    cp = prepare_cp(q, k, v, g, beta, group=group, cp_offsets=cp_offsets, **options)
-    selection = select_kda(cp.problem, cp.target, algorithm="kda.split",
-                           allow_opt_in=cp.allow_opt_in)  # fmt: skip
+    return prefill_cp(KDA, q, k, v, g, beta, group, cp_offsets, options)
+
+
+def prefill_cp(entry: CpEntry, q, k, v, g, beta, group, cp_offsets, options: dict):
+    """``entry``'s context parallel call (``kda_prefill_cp``'s arguments, ``options`` its
+    prefill keywords): validate and plan the slice, select the family's split candidate, run."""
+    cp = _prepare_cp(entry, q, k, v, g, beta, group, cp_offsets, options)
+    selection = select(cp.problem, cp.target, family=entry.family, algorithm=entry.algorithm,
+                       allow_opt_in=cp.allow_opt_in)  # fmt: skip
     return run_cp(cp, selection)
 
 
-# kda_prefill's keywords context parallelism does not serve: pools are per engine step, chunk
+# the prefill keywords context parallelism does not serve: pools are per engine step, chunk
 # states are local to each slice
 _NOT_SERVED = ("output_chunk_states", "initial_state_indices", "initial_state_indices_cpu",
                "chunk_states_size", "chunk_states_dtype")  # fmt: skip
 
 
-def prepare_cp(q, k, v, g, beta, *, group, cp_offsets=None, **options) -> CpCall:
+def prepare_cp(q, k, v, g, beta, *, group, cp_offsets=None, entry: CpEntry = KDA,
+               **options) -> CpCall:  # fmt: skip
     """Validate one rank's arguments (``options``: ``kda_prefill``'s keywords, bound by its
-    signature; each checked once: ``api._validate`` checks the slice's tensors and the global
-    options) and plan its slice."""
+    signature; each checked once: ``api._validate`` checks the slice's tensors, g against
+    ``entry``'s gate kind, and the global options) and plan its slice."""
+    return _prepare_cp(entry, q, k, v, g, beta, group, cp_offsets, options)
+
+
+def _prepare_cp(entry: CpEntry, q, k, v, g, beta, group, cp_offsets, options: dict) -> CpCall:
     a = api.prefill_arguments(q, k, v, g, beta, **options)
     for name in _NOT_SERVED:
         if api.given(a, name):
@@ -184,13 +220,14 @@ def prepare_cp(q, k, v, g, beta, *, group, cp_offsets=None, **options) -> CpCall
     cu_seqlens, initial_state = a["cu_seqlens"], a["initial_state"]
     output_final_state, state_layout = a["output_final_state"], a["state_layout"]
     rank, world = _group(group)
-    if algorithm not in ("auto", "kda.split", "split"):
-        api._fail("algorithm", f"context parallel runs kda.split (its segment maps carry the "
-                               f"state across ranks): 'auto' or 'kda.split', got {algorithm!r}")  # fmt: skip
+    split = entry.algorithm
+    if algorithm not in ("auto", split, "split"):
+        api._fail("algorithm", f"context parallel runs {split} (its segment maps carry the "
+                               f"state across ranks): 'auto' or '{split}', got {algorithm!r}")  # fmt: skip
     T_r = int(q.shape[1]) if isinstance(q, torch.Tensor) and q.dim() == 4 else None
     stand = _stand_ins(q, k, v, g, beta) if T_r == 0 else (q, k, v, g, beta)
     # max_seqlen is the whole batch's: checked against its length below
-    checked = api._validate(*stand, **{**api.validated(a), "max_seqlen": None})
+    checked = api._validate(*stand, **{**api.validated(a), "max_seqlen": None}, gate=entry.gate)
     api._check_device(q)
     sel_target = api._target(q, target)
     varlen = cu_seqlens is not None
@@ -287,7 +324,8 @@ def _check_offsets(cp_offsets, rank: int, world: int, T_r: int | None) -> tuple[
 
 def run_cp(cp: CpCall, selection):
     """Launch one rank's share: prep, the open pieces' maps, the exchange, the incoming states,
-    the scan. ``selection`` is a ``kda.split`` selection for ``cp.problem``."""
+    the scan. ``selection`` is a split selection for ``cp.problem`` (``kda.split``,
+    ``gdn.split``: the tiles of either gate kind feed the same scan and map kernels)."""
     plan, call = cp.plan, cp.call
     HV, V = cp.v.shape[2], cp.v.shape[3]
     K = cp.k_dim
@@ -414,7 +452,8 @@ def _incoming(cp: CpCall, gathered: torch.Tensor, scan, fp32_dot: str) -> torch.
     return starts
 
 
-kda_prefill_cp.__signature__ = api.PREFILL_SIGNATURE.replace(
+# every context parallel entry's: the prefill signature with the group and the slices' offsets
+CP_SIGNATURE = api.PREFILL_SIGNATURE.replace(
     parameters=[
         *list(api.PREFILL_SIGNATURE.parameters.values())[:5],
         inspect.Parameter("group", inspect.Parameter.KEYWORD_ONLY),
@@ -422,3 +461,4 @@ kda_prefill_cp.__signature__ = api.PREFILL_SIGNATURE.replace(
         *list(api.PREFILL_SIGNATURE.parameters.values())[5:],
     ]
 )
+kda_prefill_cp.__signature__ = CP_SIGNATURE
