@@ -1,5 +1,7 @@
-"""Host time per call of KDA prefill and decode, kreg against fla-core, called as engines call
-them: ``kreg.compat.fla.chunk_kda`` / ``fused_recurrent_kda`` with exactly fla's keywords
+"""Host time per call of KDA (or, ``--family gdn``, GDN) prefill and decode, kreg against
+fla-core, called as engines call them: ``kreg.compat.fla.chunk_kda`` / ``fused_recurrent_kda``
+(GDN: ``chunk_gated_delta_rule`` / ``fused_recurrent_gated_delta_rule``, a scalar gate) with
+exactly fla's keywords
 (softplus gate in the kernel from ``A_log`` / ``dt_bias``, L2 norm in the kernel, varlen with
 device ``cu_seqlens`` only, K = V = 128, bf16), fla-core's own functions in the same process
 (``FLA_DISABLE_BACKEND_DISPATCH=1``) where importable.
@@ -10,7 +12,10 @@ GPU time: CUDA-graph replays timed with events (median), for kreg with device of
 with ``cu_seqlens_cpu`` beside them, to show the device-only path launches the same work.
 Writes ``host_time.json`` under ``--out``::
 
-    PYTHONPATH=. python3 benchmarks/kda_host_time.py --out OUT [--calls 200] [--reps 7]
+    PYTHONPATH=. python3 benchmarks/kda_host_time.py --out OUT [--calls 200] [--reps 7] \
+        [--family kda|gdn]
+
+(``host_time.json``; ``host_time_gdn.json`` with ``--family gdn``.)
 
 ``--profile CASE...`` instead profiles kreg's planned calls of the cases named (cProfile, the
 functions by own time) into ``profile.txt``: where a planned call's host time goes.
@@ -51,28 +56,49 @@ CASES = [
 ]
 
 
-def load_fla():
-    """fla-core 0.6.0's (chunk_kda, fused_recurrent_kda, version), or (None, None, why)."""
+# family -> (fla's module, its prefill and decode entries: kreg.compat.fla has the same names;
+# the gate's channels per value head: K per-channel, 1 scalar)
+FAMILIES = {
+    "kda": ("fla.ops.kda", "chunk_kda", "fused_recurrent_kda", K),
+    "gdn": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule",
+            "fused_recurrent_gated_delta_rule", 1),
+}  # fmt: skip
+
+
+def entries(family):
+    """kreg's (prefill, decode) shims of ``family``."""
+    _, prefill, decode, _ = FAMILIES[family]
+    return getattr(kreg_fla, prefill), getattr(kreg_fla, decode)
+
+
+def load_fla(family="kda"):
+    """fla-core 0.6.0's (prefill, decode, version) of ``family``, or (None, None, why)."""
+    module, prefill, decode, _ = FAMILIES[family]
     try:
+        import importlib
+
         import fla
-        from fla.ops.kda import chunk_kda, fused_recurrent_kda
+
+        ops = importlib.import_module(module)
     except Exception as e:  # noqa: BLE001 - any import failure means: no fla rows
         return None, None, f"not importable ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
-    return chunk_kda, fused_recurrent_kda, getattr(fla, "__version__", "?")
+    return getattr(ops, prefill), getattr(ops, decode), getattr(fla, "__version__", "?")
 
 
-def make(H, lengths, seed=0):
-    """Inputs as an engine holds them: packed [1, T, H, K], raw gate, beta probabilities, the
-    layer's A_log / dt_bias, device offsets, a state pool with a slot per sequence."""
+def make(H, lengths, seed=0, family="kda"):
+    """Inputs as an engine holds them: packed [1, T, H, K], raw gate ([1, T, H] for GDN), beta
+    probabilities, the layer's A_log / dt_bias, device offsets, initial states."""
     T, N = sum(lengths), len(lengths)
+    G = FAMILIES[family][3]
+    gate = (1, T, H, G) if G > 1 else (1, T, H)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=gen, device="cuda")  # noqa: E731
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda")
     x = dict(q=rnd(1, T, H, K).to(BF16), k=rnd(1, T, H, K).to(BF16), v=rnd(1, T, H, K).to(BF16),
-             g=rnd(1, T, H, K).to(BF16),
+             g=rnd(*gate).to(BF16),
              beta=torch.rand(1, T, H, generator=gen, device="cuda").to(BF16))  # fmt: skip
     kw = dict(use_gate_in_kernel=True, A_log=torch.log(torch.rand(H, device="cuda") * 15 + 1),
-              dt_bias=rnd(H * K) * 0.5, use_qk_l2norm_in_kernel=True,
+              dt_bias=rnd(H * G) * 0.5, use_qk_l2norm_in_kernel=True,
               initial_state=torch.zeros(N, H, K, K, device="cuda"), output_final_state=True)  # fmt: skip
     if N > 1 or T > 1:
         kw["cu_seqlens"] = cu
@@ -113,9 +139,10 @@ def gpu_us(fn, reps=20):
     return statistics.median(times)
 
 
-def run_case(name, kind, H, lengths, fla_fns, calls, reps):
-    x, kw = make(H, lengths)
-    kreg_fn = kreg_fla.chunk_kda if kind == "prefill" else kreg_fla.fused_recurrent_kda
+def run_case(name, kind, H, lengths, fla_fns, calls, reps, family="kda"):
+    x, kw = make(H, lengths, family=family)
+    kreg_prefill, kreg_decode = entries(family)
+    kreg_fn = kreg_prefill if kind == "prefill" else kreg_decode
     row = {"case": name, "kind": kind, "H": H, "N": len(lengths), "T": sum(lengths)}
     # prefill: fewer calls, so the GPU's launch queue never fills (it would time the GPU)
     calls = calls if kind == "decode" else max(1, calls // 4)
@@ -130,12 +157,12 @@ def run_case(name, kind, H, lengths, fla_fns, calls, reps):
         row["kreg gpu us (cu_seqlens_cpu)"] = gpu_us(lambda: kreg_fn(**x, **kw, cu_seqlens_cpu=cpu))
         hint = max(lengths)
         row["kreg gpu us (device offsets + max_seqlen)"] = gpu_us(
-            lambda: kreg_fla.chunk_kda(**x, **kw, max_seqlen=hint)
+            lambda: kreg_prefill(**x, **kw, max_seqlen=hint)
         )
     return row
 
 
-def profile(names, out: Path, calls: int) -> None:
+def profile(names, out: Path, calls: int, family="kda") -> None:
     import cProfile
     import io
     import pstats
@@ -144,8 +171,8 @@ def profile(names, out: Path, calls: int) -> None:
     for name, kind, H, lengths in CASES:
         if name not in names:
             continue
-        x, kw = make(H, lengths)
-        fn = kreg_fla.chunk_kda if kind == "prefill" else kreg_fla.fused_recurrent_kda
+        x, kw = make(H, lengths, family=family)
+        fn = entries(family)[0 if kind == "prefill" else 1]
         for _ in range(3):
             fn(**x, **kw)
         torch.cuda.synchronize()
@@ -167,17 +194,19 @@ def main():
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--cases", nargs="+", metavar="CASE", help="only these cases (default: all)")
     ap.add_argument("--profile", nargs="+", metavar="CASE", help="profile these cases instead")
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="kda")
     args = ap.parse_args()
     if args.profile:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         with torch.no_grad():
-            profile(set(args.profile), out, args.calls)
+            profile(set(args.profile), out, args.calls, args.family)
         return
-    chunk, recurrent, version = load_fla()
+    chunk, recurrent, version = load_fla(args.family)
     if chunk is None:
         print(f"fla-core {version}: kreg rows only", file=sys.stderr)
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    result = {"family": args.family, "device": torch.cuda.get_device_name(),
+              "torch": torch.__version__,
               "triton": triton.__version__, "fla": version, "calls": args.calls,
               "reps": args.reps, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "rows": []}  # fmt: skip
@@ -188,11 +217,12 @@ def main():
         for case in CASES:
             if args.cases and case[0] not in args.cases:
                 continue
-            row = run_case(*case, (chunk, recurrent), args.calls, args.reps)
+            row = run_case(*case, (chunk, recurrent), args.calls, args.reps, args.family)
             print(json.dumps(row), flush=True)
             result["rows"].append(row)
             result["wall_s"] = time.time() - t0
-            (out / "host_time.json").write_text(json.dumps(result, indent=1))
+            name = "host_time.json" if args.family == "kda" else f"host_time_{args.family}.json"
+            (out / name).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

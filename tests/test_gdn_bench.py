@@ -553,3 +553,26 @@ def test_gpu_smoke(tmp_path):
             assert kreg["rel_err"][case.impls[1]]["o"] < 1e-2
         written = bench.write_results(results, tmp_path / module.SCENARIO)
         assert written["md"].is_file()
+
+
+def test_host_time_benchmark_serves_gdn():
+    """benchmarks/kda_host_time.py --family gdn calls GDN's shims and fla's GDN entries (the
+    names kreg.compat.fla mirrors), with a scalar gate; it parses on a CPU machine."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kreg.compat import fla as kreg_fla
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "kda_host_time.py"
+    spec = importlib.util.spec_from_file_location("kda_host_time", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.entries("gdn") == (kreg_fla.chunk_gated_delta_rule,
+                                    kreg_fla.fused_recurrent_gated_delta_rule)  # fmt: skip
+    assert bench.entries("kda") == (kreg_fla.chunk_kda, kreg_fla.fused_recurrent_kda)
+    assert bench.FAMILIES["gdn"][3] == 1 and bench.FAMILIES["kda"][3] == bench.K
+    out = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True,
+                         env={**__import__("os").environ, "PYTHONPATH": str(path.parents[1])})  # fmt: skip
+    assert out.returncode == 0 and "--family {gdn,kda}" in out.stdout, out.stderr
