@@ -189,9 +189,7 @@ def test_varlen_inputs_and_offsets():
 
 
 @pytest.mark.parametrize("regime", gdn.REGIMES)
-def test_keywords_and_their_mapping(regime):
-    from kreg.families.gdn import gdn_prefill
-
+def test_keywords(regime):
     case = _small(regime, lengths=(40, 24))
     x = _inputs(case)
     kw = gdn.fla_kwargs(case.params, x)
@@ -202,13 +200,6 @@ def test_keywords_and_their_mapping(regime):
         {"use_gate_in_kernel", "A_log", "dt_bias"} if in_kernel else set()
     )
     assert kw["use_qk_l2norm_in_kernel"] is True and kw["output_final_state"] is True
-    mapped = gdn.gdn_kwargs(dict(kw, cu_seqlens_cpu=x["cu_seqlens_cpu"]))
-    inspect.signature(gdn_prefill).bind(**mapped)  # gdn_prefill takes every one of them
-    assert mapped["use_qk_l2norm"] is True and "use_qk_l2norm_in_kernel" not in mapped
-    assert mapped.get("gate_activation", "none") == ("softplus" if in_kernel else "none")
-    assert all(mapped[n] is kw[n] for n in kw if n in mapped)
-    assert gdn.gdn_kwargs({"use_beta_sigmoid_in_kernel": True, "use_gate_in_kernel": False}) == {
-        "use_beta_sigmoid": True}  # fmt: skip
     text = gdn.call_text(case.params)
     assert "cu_seqlens (device only)" in text and "cu_seqlens_cpu" not in text
     assert ("use_gate_in_kernel=True" in text) == in_kernel
@@ -297,34 +288,6 @@ def test_decode_rows_receive_exactly_flas_keywords(faked):
     assert slots.dtype == torch.int32 and len(set(slots.tolist())) == 3
     assert [(x.impl, x.peer) for x in p.pairs] == [("kreg.recurrent", "fla.fused_recurrent")]
     assert impls["kreg.recurrent.pool"].peer == "fla.fused_recurrent" and p.notes
-
-
-def test_without_the_shims_gdn_prefill_gets_the_keywords_renamed(monkeypatch):
-    import torch
-
-    from kreg.compat import fla as compat_fla
-    from kreg.families.gdn import api
-
-    for shim in (gdn.PREFILL_SHIM, gdn_decode.SHIM):
-        monkeypatch.delattr(compat_fla, shim, raising=False)
-    calls: dict[str, list] = {}
-    monkeypatch.setattr(api, "gdn_prefill", _fake(calls, "gdn_prefill"))
-    monkeypatch.setattr(gdn, "load_fla_gdn", lambda: (None, "fla-core not importable (test)"))
-    case = _small("softplus", lengths=(40, 24))
-    x = _inputs(case)
-    p = gdn.prepare(case, SM90, torch.device("cpu"))
-    impls = {i.name: i for i in p.impls}
-    assert isinstance(impls["fla"], bench.Skip) and "test" in impls["fla"].reason
-    impls["kreg.split"].run()
-    (got,) = calls["gdn_prefill"]
-    assert got.keys() == gdn.gdn_kwargs(gdn.fla_kwargs(case.params, x)).keys()
-    assert got["gate_activation"] == "softplus" and got["use_qk_l2norm"] is True
-    assert impls["kreg.split"].info["call"].startswith("kreg.families.gdn.gdn_prefill")
-    d = gdn_decode.prepare(_small_decode(2), SM90, torch.device("cpu"))
-    calls.clear()
-    d.impls[-1].run()  # the pool row: gdn_prefill with kreg's pool keywords
-    (got,) = calls["gdn_prefill"]
-    assert got["initial_state_indices"].shape == (2,) and got["initial_state"].shape[0] == 4
 
 
 def test_flashinfer_row(monkeypatch):
@@ -475,13 +438,11 @@ def test_bench_list_and_no_gpu(monkeypatch, capsys):
 
 
 def test_kreg_rows_match_the_float64_oracle_under_interpreter():
-    """The kreg rows as the scenarios prepare them (shim or gdn_prefill, host offsets, decode,
-    and without the shims) on CPU under the Triton interpreter, against the token-serial float64
+    """The kreg rows as the scenarios prepare them (the shims, host offsets, decode) on CPU under the Triton interpreter, against the token-serial float64
     oracle fed the same values: the keywords mean what fla's mean."""
     script = textwrap.dedent("""
         import torch
         from kreg.bench import BenchCase, Impl, rel_rms
-        from kreg.compat import fla as compat_fla
         from kreg.families.gdn.bench import decode as d, scenario as s
         from kreg.families.kda import oracles
         from kreg.registry import get_registry
@@ -521,19 +482,13 @@ def test_kreg_rows_match_the_float64_oracle_under_interpreter():
         for case in cases:
             check(case, s.prepare)
         check(small_decode(3), d.prepare)
-        for shim in (s.PREFILL_SHIM, d.SHIM):  # without the shims: gdn_prefill, renamed
-            if hasattr(compat_fla, shim):
-                delattr(compat_fla, shim)
-        check(s.make_case(1, 128, 2, 4, K=32, dtype="fp32", regime="heavy", lengths=(57, 71)),
-              s.prepare)
-        check(small_decode(2), d.prepare)
     """)
     env = dict(os.environ, TRITON_INTERPRET="1")
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
                        timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("ok ") == 5
+    assert r.stdout.count("ok ") == 3
 
 
 # --- GPU ----------------------------------------------------------------------------------------

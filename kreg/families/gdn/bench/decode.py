@@ -5,7 +5,7 @@ fp32 states, against fla-core 0.6.0's ``fused_recurrent_gated_delta_rule`` in th
 the keyword dict of the prefill scenario (``scenario.fla_kwargs``: L2 norm of q and k and the
 softplus gate in the kernel, beta precomputed). The kreg rows reach the recurrent path as the
 prefill scenario's do (``scenario.kreg_entry``: ``kreg.compat.fla.fused_recurrent_gated_delta_rule``
-with fla's keywords where ``kreg.compat.fla`` defines it, else ``gdn_prefill`` with them renamed);
+with fla's keywords);
 the pooled row adds ``initial_state=pool, initial_state_indices=slots`` (kreg's extension: fla's
 GDN step takes no state indices). See :data:`HARNESS_DOC`.
 """
@@ -56,8 +56,7 @@ activations, fp32 states 0.1·N(0, 1); the gate in the `{REGIME}` regime, activa
 sigmoid(N(0, 1)) precomputed, `output_final_state=True`: the prefill scenario's keyword dict.
 
 **Rows.** `kreg.recurrent` (the dispatcher's selection, `gdn.recurrent` for these shapes):
-`kreg.compat.fla.{SHIM}(**kw)`, or `gdn_prefill` with the keywords renamed where the shim is
-absent (`info.call` says which); `{PEER}` (its pair): fla-core's `{SHIM}(**kw)` with
+`kreg.compat.fla.{SHIM}(**kw)`; `{PEER}` (its pair): fla-core's `{SHIM}(**kw)` with
 `FLA_DISABLE_BACKEND_DISPATCH=1`; `kreg.recurrent{POOL}`: the kreg row's call on a state pool of 2N
 slots through `initial_state_indices` (int32 on the device, a permutation, no host copy: the
 graph-captured serving step; kreg's extension of the same call, `initial_state=pool,

@@ -10,13 +10,9 @@ per token and value head. Every case makes the engines' call: q and k L2-normali
 kernel, beta precomputed (sigmoid), an fp32 initial state in and the final state out. See
 :data:`HARNESS_DOC` (rendered at the top of the results page).
 
-The kreg rows get fla's very keyword dict. They call ``kreg.compat.fla.chunk_gated_delta_rule``
-(``fused_recurrent_gated_delta_rule`` in ``gdn-decode``) where ``kreg.compat.fla`` defines it,
-with exactly fla's keywords; where it does not, ``kreg.families.gdn.gdn_prefill`` with those
-keywords renamed by :func:`gdn_kwargs` (``use_qk_l2norm_in_kernel`` -> ``use_qk_l2norm``,
-``use_beta_sigmoid_in_kernel`` -> ``use_beta_sigmoid``, ``use_gate_in_kernel=True`` ->
-``gate_activation="softplus"``, every other keyword as it is). The choice is made when a case is
-prepared (:func:`kreg_entry`) and recorded in each kreg row's ``info["call"]``.
+The kreg rows get fla's very keyword dict: they call ``kreg.compat.fla.chunk_gated_delta_rule``
+(``fused_recurrent_gated_delta_rule`` in ``gdn-decode``) with exactly fla's keywords, recorded in
+each kreg row's ``info["call"]``.
 """
 
 from __future__ import annotations
@@ -50,8 +46,6 @@ CPU_OFFSETS = kda_bench.CPU_OFFSETS  # suffix of the varlen kreg row given the h
 PAIR_DEFAULT = "default"
 PAIR_FLASHINFER = "flashinfer"
 PREFILL_SHIM = "chunk_gated_delta_rule"  # kreg.compat.fla's name for fla's prefill entry
-RENAMED = {"use_qk_l2norm_in_kernel": "use_qk_l2norm",
-           "use_beta_sigmoid_in_kernel": "use_beta_sigmoid"}  # fmt: skip
 TENSORS = ("q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "A_log", "dt_bias")
 FLASHINFER_ARCHS = (9, 10)  # the compute capabilities its GDN prefill serves (SM90, SM100)
 
@@ -112,9 +106,7 @@ in bf16, `scale` = K^-1/2, `initial_state` 0.1·N(0, 1) fp32 `[N, HV, K, V]`,
 pass them), and `use_gate_in_kernel=True, A_log, dt_bias` in the in-kernel regimes.
 
 - `kreg.split` (named after the candidate the dispatcher selects, `kreg explain gdn`):
-  `kreg.compat.fla.chunk_gated_delta_rule(**kw)`, or where `kreg.compat.fla` has no such function
-  `gdn_prefill` with the keywords renamed (`use_qk_l2norm_in_kernel` -> `use_qk_l2norm`,
-  `use_gate_in_kernel=True` -> `gate_activation="softplus"`); the row's `info.call` says which.
+  `kreg.compat.fla.chunk_gated_delta_rule(**kw)`.
 - `{PEER}`: fla-core's `fla.ops.gated_delta_rule.chunk_gated_delta_rule(**kw)` with
   `FLA_DISABLE_BACKEND_DISPATCH=1`.
 - `kreg.split{CPU_OFFSETS}` (varlen): the kreg row given `cu_seqlens_cpu` beside the device
@@ -156,12 +148,11 @@ def gate_in_kernel(params) -> bool:
 def gdn_bytes(tokens: int, heads_qk: int, heads_v: int, K: int = HEAD_DIM, V: int = HEAD_DIM, *,
               act_bytes: int = 2, g_bytes: int = 4, beta_bytes: int = 2, num_states: int = 1,
               gate_params: bool = False) -> int:  # fmt: skip
-    """Compulsory bytes of one GDN call (see HARNESS_DOC): the kda scenario's count without its
-    per-channel gate, plus one gate per token and value head and A_log, dt_bias ``[HV]``."""
-    base = kda_bench.kda_bytes(tokens, heads_qk, heads_v, K, V, act_bytes=act_bytes, g_bytes=0,
-                               beta_bytes=beta_bytes, num_states=num_states,
-                               initial_state_bytes=4, final_state=True)  # fmt: skip
-    return base + tokens * heads_v * g_bytes + (2 * heads_v * 4 if gate_params else 0)
+    """Compulsory bytes of one GDN call (see HARNESS_DOC): the kda scenario's count with one
+    gate per token and value head, A_log and dt_bias ``[HV]``, fp32 states in and out."""
+    return kda_bench.kda_bytes(tokens, heads_qk, heads_v, K, V, act_bytes=act_bytes,
+                               g_bytes=g_bytes, beta_bytes=beta_bytes, num_states=num_states,
+                               initial_state_bytes=4, gate_params=gate_params, gate_channels=1)  # fmt: skip
 
 
 def case_params(B: int, T: int, H: int, HV: int | None = None, *, lengths=None,
@@ -315,35 +306,11 @@ def fla_kwargs(params, x) -> dict:
     return kw
 
 
-def gdn_kwargs(kw: dict) -> dict:
-    """fla's keywords (:func:`fla_kwargs`, and ``cu_seqlens_cpu``) as ``gdn_prefill`` names
-    them: ``use_*_in_kernel`` renamed, ``use_gate_in_kernel=True`` as the softplus activation
-    (fla's only in-kernel GDN gate), the rest as they are."""
-    out = {}
-    for name, value in kw.items():
-        if name == "use_gate_in_kernel":
-            if value:
-                out["gate_activation"] = "softplus"
-        else:
-            out[RENAMED.get(name, name)] = value
-    return out
-
-
 def kreg_entry(shim: str):
-    """``(function, name)`` a kreg row calls with fla's keywords: ``kreg.compat.fla.<shim>``
-    where that module defines it, else ``gdn_prefill`` through :func:`gdn_kwargs`."""
+    """``(function, name)`` a kreg row calls with fla's keywords: ``kreg.compat.fla.<shim>``."""
     from kreg.compat import fla as compat_fla
 
-    fn = getattr(compat_fla, shim, None)
-    if fn is not None:
-        return fn, f"kreg.compat.fla.{shim}"
-
-    def mapped(**kw):
-        from ..api import gdn_prefill
-
-        return gdn_prefill(**gdn_kwargs(kw))
-
-    return mapped, "kreg.families.gdn.gdn_prefill (fla's keywords renamed)"
+    return getattr(compat_fla, shim), f"kreg.compat.fla.{shim}"
 
 
 def in_inference(fn, kw):

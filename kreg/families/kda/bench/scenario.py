@@ -189,13 +189,15 @@ def kda_flops(tokens: int, heads: int, K: int = HEAD_DIM, V: int = HEAD_DIM,
 def kda_bytes(tokens: int, heads_qk: int, heads_v: int, K: int = HEAD_DIM, V: int = HEAD_DIM, *,
               act_bytes: int = 2, g_bytes: int = 2, beta_bytes: int = 2, num_states: int = 1,
               initial_state_bytes: int = 0, final_state: bool = True,
-              gate_params: bool = False) -> int:  # fmt: skip
-    """Compulsory device-memory bytes of one prefill call (see HARNESS_DOC)."""
+              gate_params: bool = False, gate_channels: int | None = None) -> int:  # fmt: skip
+    """Compulsory device-memory bytes of one prefill call (see HARNESS_DOC); ``gate_channels``:
+    the gate's values per token and value head (K per-channel, the default; 1 scalar: GDN)."""
+    G = K if gate_channels is None else gate_channels
     per_token = (2 * heads_qk * K * act_bytes + heads_v * V * act_bytes  # q, k, v
-                 + heads_v * K * g_bytes + heads_v * beta_bytes  # g, beta
+                 + heads_v * G * g_bytes + heads_v * beta_bytes  # g, beta
                  + heads_v * V * act_bytes)  # o  # fmt: skip
     state = num_states * heads_v * K * V * (initial_state_bytes + (4 if final_state else 0))
-    params = heads_v * 4 + heads_v * K * 4 if gate_params else 0
+    params = heads_v * 4 + heads_v * G * 4 if gate_params else 0
     return tokens * per_token + state + params
 
 
