@@ -41,7 +41,7 @@ from kreg.compat import fla as kreg_fla  # noqa: E402
 K = 128
 BF16 = torch.bfloat16
 # (name, kind, H, sequence lengths): prefill fixed length (B sequences of T), varlen mixed,
-# decode (N sequences of one token)
+# decode (N sequences of one token; "decode-pool": on a state pool, as engines call it)
 CASES = [
     ("prefill 1x4096 H32", "prefill", 32, [4096]),
     ("prefill 4x2048 H16", "prefill", 16, [2048] * 4),
@@ -53,6 +53,10 @@ CASES = [
     ("decode N64 H32", "decode", 32, [1] * 64),
     ("decode N256 H32", "decode", 32, [1] * 256),
     ("decode N512 H64", "decode", 64, [1] * 512),
+    # as vLLM's and SGLang's decode steps call it: a state pool read and written in place
+    # through int32 slots, int32 offsets
+    ("decode pool N64 H32", "decode-pool", 32, [1] * 64),
+    ("decode pool N256 H16", "decode-pool", 16, [1] * 256),
 ]
 
 
@@ -85,9 +89,20 @@ def load_fla(family="kda"):
     return getattr(ops, prefill), getattr(ops, decode), getattr(fla, "__version__", "?")
 
 
-def make(H, lengths, seed=0, family="kda"):
+def load_fla_pooled(family):
+    """(fla-core's decode step on a pool, its name), or (None, why): its public steps take no
+    slots (they would ignore ``ssm_state_indices`` and refuse the pool's size)."""
+    if family != "kda":
+        return None, "fla-core 0.6.0 has no GDN step on a pool (vLLM carries its own)"
+    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+    return fused_recurrent_kda_fwd, "fla.ops.kda.fused_recurrent.fused_recurrent_kda_fwd"
+
+
+def make(H, lengths, seed=0, family="kda", pool=False):
     """Inputs as an engine holds them: packed [1, T, H, K], raw gate ([1, T, H] for GDN), beta
-    probabilities, the layer's A_log / dt_bias, device offsets, initial states."""
+    probabilities, the layer's A_log / dt_bias, device offsets, initial states (``pool``: a
+    pool of 2N states, N int32 slots into it and int32 offsets, written in place)."""
     T, N = sum(lengths), len(lengths)
     G = FAMILIES[family][3]
     gate = (1, T, H, G) if G > 1 else (1, T, H)
@@ -102,6 +117,12 @@ def make(H, lengths, seed=0, family="kda"):
               initial_state=torch.zeros(N, H, K, K, device="cuda"), output_final_state=True)  # fmt: skip
     if N > 1 or T > 1:
         kw["cu_seqlens"] = cu
+    if pool:
+        del kw["output_final_state"]
+        kw["initial_state"] = torch.zeros(2 * N, H, K, K, device="cuda")
+        kw["ssm_state_indices"] = torch.randperm(2 * N, generator=gen, device="cuda")[:N].int()
+        kw["inplace_final_state"] = True
+        kw["cu_seqlens"] = cu.int()
     return x, kw
 
 
@@ -140,14 +161,16 @@ def gpu_us(fn, reps=20):
 
 
 def run_case(name, kind, H, lengths, fla_fns, calls, reps, family="kda"):
-    x, kw = make(H, lengths, family=family)
+    x, kw = make(H, lengths, family=family, pool=kind == "decode-pool")
     kreg_prefill, kreg_decode = entries(family)
     kreg_fn = kreg_prefill if kind == "prefill" else kreg_decode
     row = {"case": name, "kind": kind, "H": H, "N": len(lengths), "T": sum(lengths)}
     # prefill: fewer calls, so the GPU's launch queue never fills (it would time the GPU)
-    calls = calls if kind == "decode" else max(1, calls // 4)
+    calls = calls if kind != "prefill" else max(1, calls // 4)
     row["kreg host us"] = host_us(lambda: kreg_fn(**x, **kw), calls, reps)
     fla_fn = fla_fns[0 if kind == "prefill" else 1]
+    if kind == "decode-pool":
+        fla_fn, row["fla"] = load_fla_pooled(family) if fla_fn is not None else (None, None)
     if fla_fn is not None:
         row["fla host us"] = host_us(lambda: fla_fn(**x, **kw), calls, reps)
     if "cu_seqlens" in kw and kind == "prefill":
@@ -171,7 +194,7 @@ def profile(names, out: Path, calls: int, family="kda") -> None:
     for name, kind, H, lengths in CASES:
         if name not in names:
             continue
-        x, kw = make(H, lengths, family=family)
+        x, kw = make(H, lengths, family=family, pool=kind == "decode-pool")
         fn = entries(family)[0 if kind == "prefill" else 1]
         for _ in range(3):
             fn(**x, **kw)

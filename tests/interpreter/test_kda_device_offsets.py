@@ -146,6 +146,22 @@ def test_decode_on_device_offsets_and_device_pool(device_offsets, monkeypatch):
     assert_bitwise_equal((pools[1],), (pools[0],))
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_decode_clamps_each_sequence_of_bad_device_offsets(device_offsets, dtype):
+    """The decode step reads the caller's offsets in one launch (no cleaning kernel before it),
+    clamping each sequence's start and end into [0, T] itself: offsets past either end of the
+    batch give the call on the clamped offsets, bit for bit, int32 or int64 alike."""
+    x = inputs(12)
+    h0 = torch.randn(4, 2, 32, 32)
+    bad = torch.tensor([-3, 4, 4, 9, 30], dtype=dtype)
+    safe = torch.tensor([0, 4, 4, 9, 12])
+    want = fused_recurrent_kda(**x, initial_state=h0, output_final_state=True, cu_seqlens=safe,
+                               **GATE)  # fmt: skip
+    got = fused_recurrent_kda(**x, initial_state=h0, output_final_state=True,
+                              cu_seqlens=device_offsets(bad), **GATE)  # fmt: skip
+    assert_bitwise_equal(got, want)
+
+
 def _device_pool_slots(indices, indices_cpu, pool):
     return None if indices is None else api._device_slots(indices)
 

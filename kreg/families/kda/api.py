@@ -95,9 +95,10 @@ def kda_prefill(
     ``cu_seqlens``: int64 or int32 ``[N + 1]`` sequence offsets of a packed batch (B == 1).
     Device offsets alone (as engines pass them) are never read on the host: no device sync, and
     the call can be captured in a CUDA graph. Their values are then not validated: they must run
-    from 0 to T, non-decreasing; before any other kernel reads them, one on the device clamps
-    them into [0, T] and makes them non-decreasing (valid offsets pass unchanged), so others give
-    wrong outputs, never an out-of-bounds access. Offsets readable without a sync (a CPU
+    from 0 to T, non-decreasing; the chunked paths' first kernel clamps them into [0, T] and
+    makes them non-decreasing before the others read them, the decode step's kernel clamps each
+    sequence's pair (start and end in [0, T], end >= start): valid offsets pass unchanged, others
+    give wrong outputs, never an out-of-bounds access. Offsets readable without a sync (a CPU
     ``cu_seqlens``, or ``cu_seqlens_cpu``, a host copy beside the device tensor) are validated
     (a bad value raises, naming ``cu_seqlens``) and the kernels read a device copy of that copy
     (under CUDA graph capture the captured device tensor, whose replays' values count).
@@ -702,9 +703,10 @@ def _pool_slots(indices, indices_cpu, pool):
 
 
 def _device_slots(indices: torch.Tensor) -> torch.Tensor:
-    """The slots as the kernels read them: int64, slot n at offset n (a strided view, a column of
-    a slot table, is copied; int32 converted on the device; int64 contiguous as given)."""
-    return indices.to(torch.int64).contiguous()
+    """The slots as the kernels read them: slot n at offset n, in the caller's dtype (int32 or
+    int64: the kernel reads either, so no conversion launch per decode step); a strided view,
+    a column of a slot table, is copied."""
+    return indices.contiguous()
 
 
 # --- head dims the kernels lack: zero padding ----------------------------------------------------
@@ -896,9 +898,10 @@ def _readable_offsets(cu_seqlens, cu_seqlens_cpu):
 def _offsets(cu_seqlens, cu_seqlens_cpu, T, device):
     """Validate the offsets' values where a host copy is readable without a sync
     (``_readable_offsets``); return (host int64 or None, the device offsets the kernels get), or
-    (None, None) without offsets. The kernels read the device tensor through
-    ``launch.chunk_tables``, which clamps it into [0, T] and makes it non-decreasing (valid
-    offsets pass unchanged), so no offsets make a kernel read out of bounds.
+    (None, None) without offsets. The chunked paths read the device tensor through
+    ``launch.chunk_tables``, which clamps it into [0, T] and makes it non-decreasing, and the
+    decode kernel clamps each sequence's pair itself (valid offsets pass unchanged either way),
+    so no offsets make a kernel read out of bounds.
 
     - A host copy: validated (a bad value raises, naming ``cu_seqlens``), and the kernels read
       a device copy of it (the values of a device ``cu_seqlens`` beside ``cu_seqlens_cpu`` are

@@ -46,7 +46,8 @@ class Call:
     state_layout: str
     # int64 or int32 [N + 1] on the device, or None: a device copy of the validated host offsets,
     # or the caller's device offsets (not validated: device-only, or under CUDA graph capture);
-    # chunk_tables makes them safe before any other kernel reads them
+    # chunk_tables makes them safe before any other kernel reads them (the decode kernel clamps
+    # each sequence's pair itself)
     cu_seqlens: torch.Tensor | None
     cu_seqlens_host: torch.Tensor | None = None  # the validated CPU offsets, int64
     # varlen: the longest sequence's tokens the scan is planned for (the problem's, read once
@@ -207,7 +208,7 @@ def scatter_slots(pool: torch.Tensor, slots: torch.Tensor, final: torch.Tensor) 
     if P == 0:
         return
     inside = (slots >= 0) & (slots < P)
-    target = slots.clamp(0, P - 1)
+    target = slots.clamp(0, P - 1).to(torch.int64)  # index_copy_ takes int64 only
     owns = (target[:, None] == slots[None, :]) & inside[None, :]  # [n, m]: m owns n's target
     owner = torch.where(inside, torch.arange(slots.shape[0], device=slots.device),
                         owns.to(torch.int8).argmax(1))  # fmt: skip
@@ -320,8 +321,10 @@ def _fused(call: Call, spec):
 
 def run_recurrent(call: Call, spec):
     """Launch the recurrence for a validated ``launch.Call``. Returns (o, final_state, None):
-    with a pool the final states are in the pool (returned as the final state)."""
-    call = chunk_tables(call, 0)[0]  # the offsets made safe
+    with a pool the final states are in the pool (returned as the final state). The offsets
+    and slots go in as the caller gave them (int32 or int64): the kernel clamps each sequence's
+    offsets itself, so a decode step is one launch (a cleaning launch and a dtype conversion
+    cost an engine's every token host time)."""
     B, T, H = call.q.shape[:3]
     HV, V = call.v.shape[2], call.v.shape[3]
     n = B if call.cu_seqlens is None else call.cu_seqlens.numel() - 1

@@ -231,7 +231,8 @@ def build_kda_recurrent(
     with varlen, the tokens per sequence otherwise)."""
     signature = _inputs(spec.dtype) | {
         "o": f"*{spec.dtype}", "h0": f"*{spec.state_dtype}", "ht": "*fp32",
-        "state_idx": "*i64", "cu_seqlens": "*i64",
+        # int32, as engines pass slots and offsets (int64 ones run the JIT's int64 twin)
+        "state_idx": "*i32", "cu_seqlens": "*i32",
     } | _SCALARS  # fmt: skip
     pool = REPRESENTATIVE_POOL if spec.state_pool else 1
     scalars = recurrent_scalars(shape.T, shape.H, shape.HV, pool, 1.0, -5.0)

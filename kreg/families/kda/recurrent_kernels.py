@@ -61,8 +61,10 @@ def kda_recurrent_kernel(
     h = hv // (HV // H)
     v0 = pid_v * BV
     if VARLEN:  # int64 token indices: packed batches may pass 2^31 elements
-        bos = tl.load(cu_seqlens + seq).to(tl.int64)
-        eos = tl.load(cu_seqlens + seq + 1).to(tl.int64)
+        # the caller's offsets (any int dtype), clamped here rather than by a cleaning launch:
+        # bos and eos in [0, T], eos >= bos, so no offsets read or write out of bounds
+        bos = tl.minimum(tl.maximum(tl.load(cu_seqlens + seq).to(tl.int64), 0), T)
+        eos = tl.minimum(tl.maximum(tl.load(cu_seqlens + seq + 1).to(tl.int64), bos), T)
     else:
         bos = seq.to(tl.int64) * T
         eos = bos + T

@@ -70,7 +70,8 @@ through this op) when:
 3. **Varlen: pass ``cu_seqlens`` as a device tensor** (alone, or with ``cu_seqlens_cpu``, its
    CPU copy, to have the values validated at capture). Device offsets alone are never read on
    the host. During capture the kernels read the captured device tensor, which a kernel on the
-   device clamps into ``[0, T]`` and makes non-decreasing before the others read it, so offsets
+   device clamps into ``[0, T]`` and makes non-decreasing before the others read it (a decode
+   step's one kernel clamps each sequence's pair), so offsets
    copied in before a replay cannot make a kernel read out of bounds (offsets that break the
    rules give wrong outputs, not a fault). The chunk tables (per-sequence chunk offsets, chunk
    -> sequence map) are built by that kernel too, with an upper-bound chunk count
