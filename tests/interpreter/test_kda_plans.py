@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from bitwise import assert_bitwise_equal  # tests/ is on sys.path (rootdir conftest)
+from torch.overrides import TorchFunctionMode
 
 from kreg.compat.fla import chunk_kda, fused_recurrent_kda
 from kreg.families.kda import api, plans
@@ -90,3 +91,43 @@ def test_a_call_differing_in_anything_validated_misses(fresh):
         api.kda_prefill(**x, scale=float("nan"))
     with torch.no_grad():  # grad off: a tensor requiring grad is served (another key)
         api.kda_prefill(**bad)
+
+
+class _TorchWork(TorchFunctionMode):
+    """Records the torch functions a call runs outside kernel launches, metadata reads aside."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if not plans.in_launch() and plans._name(func) not in plans._METADATA:
+            self.ops.append(plans._name(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_a_decode_step_as_engines_call_it_is_one_planned_launch(fresh, monkeypatch, index_dtype):
+    """vLLM's and SGLang's decode step (device offsets, pool slots, the pool written in place)
+    replays as one launch that reads the caller's slots and offsets as given: no cleaning
+    kernel, no dtype conversion (each a launch and an allocation on every token's host path)."""
+    N, P = 3, 5
+    x = inputs(N)
+    monkeypatch.setattr(api, "_readable_slots", lambda i, i_cpu: i_cpu)  # device slots
+    kw = dict(GATE, cu_seqlens=torch.arange(N + 1, dtype=index_dtype),
+              ssm_state_indices=torch.tensor([4, 0, 2], dtype=index_dtype),
+              inplace_final_state=True)  # fmt: skip
+    pools = [torch.randn(P, 2, 32, 32)]
+    pools.append(pools[0].clone())
+    for _ in range(2):  # the key's second call records its plan
+        fused_recurrent_kda(**x, initial_state=pools[1], **kw)
+    (plan,) = api._plans.values()
+    assert isinstance(plan, plans.Plan)
+    assert [L.lc.name for L in plan.launches] == ["kda_recurrent_kernel"]
+    with _TorchWork() as work:  # a replay: the output's allocation, then the launch
+        fused_recurrent_kda(**x, initial_state=pools[1], **kw)
+    assert work.ops == ["empty_like"] or work.ops == ["empty"], work.ops
+    as64 = {n: kw[n].to(torch.int64) for n in ("cu_seqlens", "ssm_state_indices")}
+    for _ in range(3):  # as pools[1]: two calls and the replay, int64 slots and offsets
+        fused_recurrent_kda(**x, initial_state=pools[0], **{**kw, **as64})
+    assert_bitwise_equal((pools[1],), (pools[0],))

@@ -274,8 +274,10 @@ def plan_key(q, k, v, g, beta, options: dict, extra: tuple):
         and _readable_offsets(cu, options.get("cu_seqlens_cpu")) is not None
     ):
         return None  # validated on the host every call; the longest sequence read from it
-    if isinstance(indices, torch.Tensor) and (indices.device.type == "cpu"
-                                               or options.get("initial_state_indices_cpu") is not None):  # fmt: skip
+    if (
+        isinstance(indices, torch.Tensor)
+        and _readable_slots(indices, options.get("initial_state_indices_cpu")) is not None
+    ):
         return None  # validated on the host every call
     current = torch.cuda.current_device() if q.device.type == "cuda" else None
     return (*tensors, *described, *extra, grad, current, selector.generation())
@@ -673,18 +675,20 @@ def _check_pool_indices(indices, indices_cpu, n_seqs, device) -> bool:
     return True
 
 
+def _readable_slots(indices, indices_cpu):
+    """The pool slots' host copy where reading it costs no device sync (``indices_cpu``, or
+    ``indices`` on the CPU), else None: device slots alone, which are never read on the host."""
+    if indices_cpu is not None:
+        return indices_cpu
+    return indices if indices.device.type == "cpu" else None
+
+
 def _pool_slots(indices, indices_cpu, pool):
-    """Check the slots on the host where that needs no device sync (CPU indices, or their host
-    copy); return the int64 device indices the kernel reads, or None without a pool."""
+    """Check the slots on the host where that needs no device sync (``_readable_slots``);
+    return the device slots the kernel reads (``_device_slots``), or None without a pool."""
     if indices is None:
         return None
-    host = (
-        indices_cpu
-        if indices_cpu is not None
-        else indices
-        if indices.device.type == "cpu"
-        else None
-    )
+    host = _readable_slots(indices, indices_cpu)
     if host is not None:
         slots = host.to(torch.int64)
         size = pool.shape[0]
@@ -706,7 +710,7 @@ def _device_slots(indices: torch.Tensor) -> torch.Tensor:
     """The slots as the kernels read them: slot n at offset n, in the caller's dtype (int32 or
     int64: the kernel reads either, so no conversion launch per decode step); a strided view,
     a column of a slot table, is copied."""
-    return indices.contiguous()
+    return indices if indices.is_contiguous() else indices.contiguous()
 
 
 # --- head dims the kernels lack: zero padding ----------------------------------------------------

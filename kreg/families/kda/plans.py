@@ -213,7 +213,9 @@ class Plan:
         if not self.compiled:  # the interpreter: Triton's normal launch
             for L in self.launches:
                 kwargs = dict(zip(L.names, L.args(inputs, buffers), strict=True))
-                L.lc.fn[L.grid](**kwargs, num_warps=L.lc.num_warps, num_stages=L.lc.num_stages)
+                with launching():
+                    L.lc.fn[L.grid](**kwargs, num_warps=L.lc.num_warps,
+                                    num_stages=L.lc.num_stages)  # fmt: skip
             return out
         if self.workspace:
             base = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=self.device)
