@@ -129,7 +129,8 @@ def test_jit_kernel_equals_the_aot_build():
 
     x = inputs(seed=3)
     pool = torch.zeros(2 * N, HV, K, K, device="cuda")
-    idx = torch.arange(N, device="cuda")
+    # int32 slots, as engines pass them and as the AOT build assumes (int64 runs the JIT's twin)
+    idx = torch.arange(N, device="cuda", dtype=torch.int32)
     args = dict(x, initial_state=pool, initial_state_indices=idx)
     problem, _ = api._prepare(
         x["q"], x["k"], x["v"], x["g"], x["beta"], None, pool, False, None, None, None, None,
