@@ -91,12 +91,14 @@ def load_fla(family="kda"):
 
 def load_fla_pooled(family):
     """(fla-core's decode step on a pool, its name), or (None, why): its public steps take no
-    slots (they would ignore ``ssm_state_indices`` and refuse the pool's size)."""
+    slots (they would ignore ``ssm_state_indices`` and refuse the pool's size). KDA's is the
+    decode scenario's peer (``kda.bench.decode.load_fla_pooled``)."""
     if family != "kda":
         return None, "fla-core 0.6.0 has no GDN step on a pool (vLLM carries its own)"
-    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+    from kreg.families.kda.bench.decode import load_fla_pooled as load_kda_pooled
 
-    return fused_recurrent_kda_fwd, "fla.ops.kda.fused_recurrent.fused_recurrent_kda_fwd"
+    fn, why = load_kda_pooled()
+    return (fn, "fla.ops.kda.fused_recurrent.fused_recurrent_kda_fwd") if fn else (None, why)
 
 
 def make(H, lengths, seed=0, family="kda", pool=False):
