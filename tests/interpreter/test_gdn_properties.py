@@ -251,6 +251,24 @@ def test_softplus_of_a_huge_raw_gate_matches_the_oracles(fused, huge):
     check_oracles({**x, "g": g}, o, ht, chunk=32, initial_state=s0)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
+@pytest.mark.parametrize("chunk", [32, 64])
+def test_small_gates_after_huge_ones_are_exact(chunk, fused):
+    """The first half of every chunk at -1e4 per token (each flushed to 2^-127), the second at
+    -1e-3 to -1e-2: a chunk's prefix sum of gates reaches about -88 * C / 2 nats, whose fp32
+    spacing is coarser than the small gates: exp(G_i - G_j) from two prefix sums puts o 4.6e-5
+    off at chunk 32 (measured: a mutation of the kernels' decay factor). Each exponent must be
+    a direct sum of its own gates: within 1e-5 of both oracles."""
+    T = 2 * chunk
+    x = make(1, T, seed=500 + chunk)
+    row = torch.arange(T) % chunk
+    small = -1e-3 - 9e-3 * torch.rand(1, T, 1, generator=torch.Generator().manual_seed(501))
+    x["g"] = torch.where((row < chunk // 2)[None, :, None], -1e4, small)
+    s0 = kp.h0(1)
+    o, ht = run(x, chunk=chunk, fused=fused, initial_state=s0, output_final_state=True)
+    check_oracles(x, o, ht, chunk=chunk, initial_state=s0)
+
+
 # --- 4: split == fused, bit for bit --------------------------------------------------------------
 
 
