@@ -1,8 +1,9 @@
 """GDN kernel promises as properties over their domain, under the Triton interpreter.
 
 GDN runs KDA's delta-rule kernels in their scalar-gate mode (g ``[B, T, HV]``: one gate per
-token and value head; the safe anchor's diagonal sub-blocks from ``_scalar_pair_diag``'s [C]
-halving tree, no pairs kernel), so its promises are ``kda_prefill``'s, checked here the way
+token and value head; ``_scalar_tiles`` forms A and Aqk over the whole chunk with a decay
+factor from one masked product of direct sums, no pairs kernel), so its promises are
+``kda_prefill``'s, checked here the way
 ``test_kda_properties`` checks KDA's and with its helpers: a probe is one batch row of one kernel
 call, row b changing the inputs at position p_b = b (or from it on), so one batched call of
 B = T = 2 * chunk rows checks every position of two chunks. fp32, K = V = 32, H = HV = 1 unless

@@ -59,12 +59,15 @@ def PAIR_CHANNELS(K):
 
 
 @triton.jit
-def _rows(ptr, row0, nrows, row_stride, COLS: tl.constexpr, ROWS: tl.constexpr):
-    """Load a [ROWS, COLS] tile of consecutive token rows, zero past ``nrows``."""
+def _rows(ptr, row0, nrows, row_stride, COLS: tl.constexpr, ROWS: tl.constexpr,
+          RAW: tl.constexpr = False):  # fmt: skip
+    """Load a [ROWS, COLS] tile of consecutive token rows, zero past ``nrows``; in fp32, or
+    with ``RAW`` in the input's own dtype (a tensor-core operand as loaded)."""
     r = tl.arange(0, ROWS)
     c = tl.arange(0, COLS)
     offs = (row0 + r).to(tl.int64)[:, None] * row_stride + c[None, :]
-    return tl.load(ptr + offs, mask=(r < nrows)[:, None], other=0.0).to(tl.float32)
+    x = tl.load(ptr + offs, mask=(r < nrows)[:, None], other=0.0)
+    return x if RAW else x.to(tl.float32)
 
 
 @triton.jit
@@ -83,13 +86,6 @@ def _seg_cumsum(x, R: tl.constexpr, N: tl.constexpr, S: tl.constexpr):
         # lowering asserts on a 3-d scan whose last dim is 1)
         return tl.reshape(tl.cumsum(tl.reshape(x, (R // S, S)), axis=1), (R, 1))
     return tl.reshape(tl.cumsum(tl.reshape(x, (R // S, S, N)), axis=1), (R, N))
-
-
-@triton.constexpr_function
-def GATE_COLS(K, SCALAR_GATE):
-    """Columns of a gate tile: K per-channel log-decays, or 1 scalar per token and value head
-    (GDN), which every [C, K] product then takes by broadcasting in registers."""
-    return 1 if SCALAR_GATE else K
 
 
 @triton.jit
@@ -186,56 +182,6 @@ def _pair_level(k3, q3, gs, a, qk, S: tl.constexpr, C: tl.constexpr, BS: tl.cons
 
 
 @triton.jit
-def _scalar_pair_diag(k3, q3, gl, C: tl.constexpr, BS: tl.constexpr, FP32_DOT: tl.constexpr):
-    """``_pair_diag`` for a scalar gate ([C, 1] log2 gates): the same halving tree, but the
-    decay of a pair is one number, so K K^T and Q K^T are one product each and the tree builds
-    their [NB, BS, BS] factor from [C] prefix and suffix sums (no pairs kernel, no per-channel
-    work). exp(G_i - G_j) = exp(sum of gates a..i) * exp(sum of gates j+1..a-1) at the level
-    whose halves split i and j, anchored at the later half's first row a; both factors at most
-    1, both direct sums of their own terms local to the group (a prefix scan, a masked suffix
-    sum); gates clamped at -FLUSH_LOG2 (as ``_pair_diag``)."""
-    NB: tl.constexpr = C // BS
-    ri = tl.arange(0, BS)[None, :, None]
-    ci = tl.arange(0, BS)[None, None, :]
-    gs = tl.maximum(gl, -FLUSH_LOG2)
-    gam = tl.where(ri == ci, 1.0, 0.0) + tl.zeros((NB, BS, BS), dtype=tl.float32)
-    for lvl in tl.static_range(BS.bit_length() - 1):
-        gam = _scalar_pair_level(gs, gam, BS >> (lvl + 1), C, BS)
-    kt3 = tl.permute(k3, (0, 2, 1))
-    a = tl.dot(k3, kt3, input_precision=FP32_DOT) * gam
-    qk = tl.dot(q3, kt3, input_precision=FP32_DOT) * gam
-    return a, qk
-
-
-@triton.jit
-def _seg_suffix(x, BS: tl.constexpr, S: tl.constexpr):
-    """Exclusive suffix sums of the [NB, BS] rows ``x`` within aligned segments of S columns:
-    for column j, the sum of x[., t] over the t > j of j's segment. A masked sum of its own
-    terms, never a total less a prefix (which, after a gate clamped at -FLUSH_LOG2, keeps only
-    the rounding of the large sums: 2e-5 off in a final state after two late resets). For a
-    scalar gate's [NB, BS] sums only: [NB, BS, BS] elements."""
-    j = tl.arange(0, BS)[None, :, None]
-    t = tl.arange(0, BS)[None, None, :]
-    later = (t > j) & ((t // S) == (j // S))
-    return tl.sum(tl.where(later, x[:, None, :], 0.0), axis=2)
-
-
-@triton.jit
-def _scalar_pair_level(gs, gam, S: tl.constexpr, C: tl.constexpr, BS: tl.constexpr):
-    """One level of ``_scalar_pair_diag`` (as ``_pair_level``): the factors of the pairs across
-    the halves (S rows each) of every aligned group of 2S rows, set in ``gam``."""
-    NB: tl.constexpr = C // BS
-    ri = tl.arange(0, BS)[None, :, None]
-    ci = tl.arange(0, BS)[None, None, :]
-    pre = _seg_cumsum(gs, C, 1, S)
-    rows_f = tl.exp2(tl.reshape(pre, (NB, BS, 1)))
-    cols_f = tl.exp2(_seg_suffix(tl.reshape(gs, (NB, BS)), BS, S))[:, None, :]
-    G: tl.constexpr = 2 * S
-    across = ((ri // G) == (ci // G)) & ((ri % G) >= S) & ((ci % G) < S)
-    return tl.where(across, rows_f * cols_f, gam)
-
-
-@triton.jit
 def _chunk_tiles(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, pa_t, pqk_t, c,
     tok0, n, h, hv, H, HV, scale, lower_bound,
@@ -244,7 +190,37 @@ def _chunk_tiles(
     FP32_DOT: tl.constexpr, ANCHOR: tl.constexpr = ANCHOR_SAFE,
     SCALAR_GATE: tl.constexpr = False,
 ):  # fmt: skip
-    """The six state-independent tiles of one chunk, for one value head.
+    """The six state-independent tiles of one chunk, for one value head: (w, u, gq, aqk, gkt,
+    dec) in fp32, w = -T diag(beta) (K*Gamma) (negated so the scan subtracts into its
+    accumulator), u = T diag(beta) V, gq = scale Q*Gamma, aqk (causal, scaled), gkt =
+    (K * exp(G_C - G))^T laid out [K, C] so the scan needs no transpose, dec = exp(G_C).
+    A per-channel gate's from ``_channel_tiles``, a scalar gate's (GDN) from ``_scalar_tiles``;
+    both solve T = (I + diag(beta) A)^-1 in ``_solve_wu``."""
+    if SCALAR_GATE:
+        a_diag, n3, beta, kg, ok, gq, aqk, gkt, dec = _scalar_tiles(
+            q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, tok0, n, h, hv, H, HV,
+            scale, lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
+        )  # fmt: skip
+        v = tl.where(ok, _rows(v_ptr + hv * V, tok0, n, HV * V, V, C), 0.0)
+        w, u = _solve_wu(a_diag, n3, beta, kg, v, C, BS, FP32_DOT)
+    else:
+        w, u, gq, aqk, gkt, dec = _channel_tiles(
+            q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, pa_t, pqk_t, c, tok0, n,
+            h, hv, H, HV, scale, lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
+            ANCHOR,
+        )  # fmt: skip
+    return w, u, gq, aqk, gkt, dec
+
+
+@triton.jit
+def _channel_tiles(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, pa_t, pqk_t, c,
+    tok0, n, h, hv, H, HV, scale, lower_bound,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
+    GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
+    FP32_DOT: tl.constexpr, ANCHOR: tl.constexpr,
+):  # fmt: skip
+    """``_chunk_tiles`` for a per-channel gate (KDA).
 
     Every decay factor exp(G_i - G_j) is formed from sums of the gates between j and i: direct
     prefix and suffix sums from a sub-block boundary, never the difference of two large sums.
@@ -261,17 +237,9 @@ def _chunk_tiles(
     no product (so no 0 * inf reaches an earlier row; their pair entries are dropped by a
     select), their outputs are NaN through ``gq`` and
     the state is NaN through ``dec``. q only reaches its own row's output.
-
-    Returns (w, u, gq, aqk, gkt, dec) in fp32: w = -T diag(beta) (K*Gamma) (negated so the scan
-    subtracts into its accumulator), u = T diag(beta) V, gq = scale Q*Gamma, aqk (causal, scaled),
-    gkt = (K * exp(G_C - G))^T laid out [K, C] so the scan needs no transpose, dec = exp(G_C).
-
-    ``SCALAR_GATE`` (GDN): the gate sums are [.., 1] columns that broadcast over K, and the safe
-    anchor's diagonal sub-blocks come from ``_scalar_pair_diag`` here, not from a pairs kernel.
     """
     NB: tl.constexpr = C // BS
-    GK: tl.constexpr = GATE_COLS(K, SCALAR_GATE)
-    LOG2_BS: tl.constexpr = BS.bit_length() - 1
+    GK: tl.constexpr = K
     rows = tl.arange(0, C)
 
     # --- one load of each input, activations fused -------------------------------------------
@@ -290,7 +258,6 @@ def _chunk_tiles(
             K,
             C,
             GATE_ACT,
-            SCALAR_GATE=SCALAR_GATE,
         )
         * LOG2E
     )
@@ -345,20 +312,14 @@ def _chunk_tiles(
     kl3 = k3 * e_in
     ql3 = q3 * e_in
     if ANCHOR == ANCHOR_SAFE:
-        if SCALAR_GATE:
-            a_diag, qk_diag = _scalar_pair_diag(k3, q3, gl, C, BS, FP32_DOT)
-        else:
-            # the pairs kernel's entries (every row; rows from the cut are dropped below)
-            a_diag = tl.reshape(tl.load(_tile_ptrs(pa_t, c, hv, HV, C, BS)), (NB, BS, BS))
-            qk_diag = tl.reshape(tl.load(_tile_ptrs(pqk_t, c, hv, HV, C, BS)), (NB, BS, BS))
+        # the pairs kernel's entries (every row; rows from the cut are dropped below)
+        a_diag = tl.reshape(tl.load(_tile_ptrs(pa_t, c, hv, HV, C, BS)), (NB, BS, BS))
+        qk_diag = tl.reshape(tl.load(_tile_ptrs(pqk_t, c, hv, HV, C, BS)), (NB, BS, BS))
         # K exp(P_next(J) - G_j) from the sub-block's total less the inclusive prefix at j, both
         # local sums of clamped gates (as the pairs take them), never of cumsums across chunks;
         # not tl.cumsum(reverse=True), which compiles to flips (shuffles)
         gc3 = tl.reshape(tl.maximum(gl, -FLUSH_LOG2), (NB, BS, GK))
-        if SCALAR_GATE:  # a direct suffix sum: cheap for one column
-            gsuf = _seg_suffix(tl.reshape(gc3, (NB, BS)), BS, BS)[:, :, None]
-        else:
-            gsuf = tl.sum(gc3, axis=1)[:, None, :] - tl.cumsum(gc3, axis=1)
+        gsuf = tl.sum(gc3, axis=1)[:, None, :] - tl.cumsum(gc3, axis=1)
         kr3 = k3 * tl.exp2(tl.minimum(gsuf, 0.0))
     else:
         kd3t = tl.permute(k3 * tl.exp2(-gin3), (0, 2, 1))  # >= 1, finite: every row fits
@@ -374,8 +335,6 @@ def _chunk_tiles(
     gq = tl.reshape(ql3 * e_before, (C, K)) * scale
     gk = tl.reshape(kr3 * tl.exp2(after)[:, None, :], (C, K))  # K exp(G_C - G_j)
     dec = tl.exp2(tl.sum(tot, axis=0))
-    if SCALAR_GATE:
-        dec = dec + tl.zeros((K,), dtype=tl.float32)  # the scan decays K rows
 
     a_diag = tl.where((ri > ci) & (tl.reshape(rows < f, (NB, BS))[:, :, None]), a_diag, 0.0)
     # Aqk as row sub-blocks [NB, BS, C]; the diagonal sub-block goes to column block I.
@@ -402,7 +361,126 @@ def _chunk_tiles(
         between = tl.where(blk[:, None] < i, between + tot_i[None, :], 0.0)
     aqk = tl.reshape(qk3, (C, C)) * scale
 
-    # --- blocked solve T = (I + diag(beta) A)^-1 ------------------------------------------------
+    v = tl.where(ok, _rows(v_ptr + hv * V, tok0, n, HV * V, V, C), 0.0)
+    w, u = _solve_wu(a_diag, n3, beta, kg, v, C, BS, FP32_DOT)
+    # rows from the cut on: NaN outputs (gq only multiplies from the left) and a NaN state
+    gq = tl.where(((rows >= f) & (rows < n))[:, None], float("nan"), gq)
+    dec = tl.where(f < n, float("nan"), dec)
+    return w, u, gq, aqk, tl.trans(gk), dec
+
+
+@triton.jit
+def _scalar_tiles(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, tok0, n, h, hv, H, HV, scale,
+    lower_bound, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
+    GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
+    FP32_DOT: tl.constexpr, ANCHOR: tl.constexpr,
+):  # fmt: skip
+    """A scalar gate's (GDN) tiles of one chunk, but for the solve: (a_diag, n3, beta, kg, ok,
+    gq, aqk, gkt, dec), A split by sub-blocks as ``_solve_wu`` takes it, ``ok`` the rows
+    before the cut, gq, aqk, gkt and dec final (the split prep stores them before the solve).
+
+    A pair's decay is one number, so A = (K K^T) * Gamma and Aqk = (Q K^T) * Gamma over the
+    whole chunk, K K^T and Q K^T one tensor-core product each on k and q as loaded (exact
+    products of bf16 or fp16 operands) with the L2 norm's row scales after the dot. Gamma[i, j]
+    = exp2(sum of the gates j+1..i) comes from one masked product, upto [i, t] = [t <= i]
+    times after [t, j] = g_t [t > j]: every entry a direct sum of its own terms (never the
+    difference of two prefix sums, which keeps only the rounding of the large ones), exact for
+    any gate, no anchor needed; gates clamped at -FLUSH_LOG2 there (0 * -inf is NaN; any sum
+    past the clamp is below fp32's normal range either way). Row factors exp(G_i) and
+    exp(G_C - G_j) are direct prefix and suffix sums. Containment as ``_channel_tiles``: the
+    first row whose k, v, g or beta is not finite (with ``ANCHOR_BLOCK``, whose sub-block span
+    leaves the promised bound: the anchor's contract, though exact here) cuts the chunk."""
+    NB: tl.constexpr = C // BS
+    rows = tl.arange(0, C)
+    ti = rows[:, None]
+    tj = rows[None, :]
+    k = _rows(k_ptr + h * K, tok0, n, H * K, K, C, RAW=True)
+    q = _rows(q_ptr + h * K, tok0, n, H * K, K, C, RAW=True)
+    kf = k.to(tl.float32)
+    qf = q.to(tl.float32)
+    gl = _gates(g_ptr, alog_ptr, dtb_ptr, tok0, n, hv, HV, lower_bound, K, C, GATE_ACT,
+                SCALAR_GATE=True) * LOG2E  # fmt: skip
+    beta = tl.load(beta_ptr + (tok0 + rows).to(tl.int64) * HV + hv, mask=rows < n, other=0.0)
+    beta = beta.to(tl.float32)
+    if BETA_SIG:
+        beta = tl.where(rows < n, tl.sigmoid(beta), 0.0)
+    k_inv = tl.full((C, 1), 1.0, dtype=tl.float32)  # the L2 norm's row scales
+    q_inv = tl.full((C, 1), 1.0, dtype=tl.float32)
+    if QK_L2:
+        k_inv = tl.rsqrt(tl.sum(kf * kf, axis=1) + 1e-6)[:, None]
+        q_inv = tl.rsqrt(tl.sum(qf * qf, axis=1) + 1e-6)[:, None]
+
+    # --- containment: the first row the chunk cannot take ------------------------------------
+    resets = tl.where(gl == float("-inf"), 0.0, gl)  # a -inf gate is a valid hard reset
+    v_bad = _nan_rows(_rows(v_ptr + hv * V, tok0, n, HV * V, V, C))
+    bad = (_nan_rows(kf + resets) + v_bad + beta * 0.0) != 0.0  # NaN != 0
+    f = tl.min(tl.where(bad, rows, C))
+    gl = tl.where((rows < f)[:, None], gl, 0.0)
+    if ANCHOR == ANCHOR_BLOCK:  # the block anchor's contract: cut at the first row past the span
+        fits = tl.min(_seg_cumsum(gl, C, 1, BS), axis=1) >= -MAX_SPAN_LOG2
+        f = tl.minimum(f, tl.min(tl.where(fits, C, rows)))
+        gl = tl.where((rows < f)[:, None], gl, 0.0)
+    ok = (rows < f)[:, None]
+    beta = tl.where(rows < f, beta, 0.0)
+    k_inv = tl.where(ok, k_inv, 0.0)  # a cut row enters no product (its k may be NaN)
+    kn = tl.where(ok, kf * k_inv, 0.0)  # K, normalised; a cut row's NaN * 0 stays out
+
+    # --- the tensor-core products on k and q as loaded, row scales after ----------------------
+    if k_ptr.dtype.element_ty != tl.float16:
+        # a power of two near the row scale first: exact in bf16 and fp32 (same exponent range),
+        # and K K^T cannot overflow on huge rows; fp16's narrow range needs no guard
+        k2 = tl.exp2(tl.floor(tl.log2(k_inv)))
+        q2 = tl.exp2(tl.floor(tl.log2(q_inv)))
+    else:
+        k2 = tl.full((C, 1), 1.0, dtype=tl.float32)
+        q2 = tl.full((C, 1), 1.0, dtype=tl.float32)
+    ks = tl.where(ok, k * k2.to(k.dtype), tl.zeros_like(k))
+    kst = tl.trans(ks)
+    kk = tl.dot(ks, kst, input_precision=FP32_DOT)
+    qk = tl.dot(q * q2.to(q.dtype), kst, input_precision=FP32_DOT)
+    k_res = tl.where(ok, k_inv / k2, 0.0)  # what the power of two left of the row scale
+    k_res_t = tl.reshape(k_res, (1, C))
+
+    # --- Gamma and the row factors from direct sums -------------------------------------------
+    upto = tl.where(tj <= ti, 1.0, 0.0)  # [i, t]
+    after = tl.where(ti > tj, tl.maximum(gl, -FLUSH_LOG2), 0.0)  # [t, j]: g_t for t > j
+    gam = tl.exp2(tl.dot(upto, after, input_precision="ieee"))  # [i, j], i >= j
+    g_in = _seg_cumsum(gl, C, 1, C)  # [C, 1]: G_i from the chunk's start, inclusive
+    g_out = tl.sum(tl.where(ti > tj, gl, 0.0), axis=0)  # [C]: G_C - G_j, a suffix sum
+    e_in = tl.exp2(g_in)
+
+    a = tl.where(ti > tj, kk * k_res * k_res_t * gam, 0.0)
+    aqk = tl.where(ti >= tj, qk * (q_inv / q2 * scale) * k_res_t * gam, 0.0)
+    gq = qf * (q_inv * e_in * scale)
+    gkt = tl.trans(kn * tl.exp2(g_out)[:, None])
+    kg = kn * e_in  # K * Gamma
+    dec = tl.exp2(tl.sum(gl)) + tl.zeros((K,), dtype=tl.float32)  # the scan decays K rows
+    # rows from the cut on: NaN outputs (gq only multiplies from the left) and a NaN state
+    gq = tl.where(((rows >= f) & (rows < n))[:, None], float("nan"), gq)
+    dec = tl.where(f < n, float("nan"), dec)
+
+    # A by sub-blocks, as the blocked solve takes it
+    a3 = tl.reshape(a, (NB, BS, C))
+    blk3 = tl.arange(0, NB)[:, None, None]
+    colblk = (tl.arange(0, C) // BS)[None, None, :]
+    n3 = tl.where(colblk < blk3, a3, 0.0)
+    a_diag = tl.sum(tl.reshape(tl.where(colblk == blk3, a3, 0.0), (NB, BS, NB, BS)), axis=2)
+    return a_diag, n3, beta, kg, ok, gq, aqk, gkt, dec
+
+
+@triton.jit
+def _solve_wu(a_diag, n3, beta, kg, v, C: tl.constexpr, BS: tl.constexpr,
+              FP32_DOT: tl.constexpr):  # fmt: skip
+    """(w, u) = (-T diag(beta) kg, T diag(beta) v), T = (I + diag(beta) A)^-1 solved by blocks
+    of BS rows: ``a_diag`` A's diagonal sub-blocks [NB, BS, BS] (strictly lower), ``n3`` its
+    strictly block-lower part as row sub-blocks [NB, BS, C]."""
+    NB: tl.constexpr = C // BS
+    LOG2_BS: tl.constexpr = BS.bit_length() - 1
+    ri = tl.arange(0, BS)[None, :, None]
+    ci = tl.arange(0, BS)[None, None, :]
+    blk3 = tl.arange(0, NB)[:, None, None]
+    colblk = (tl.arange(0, C) // BS)[None, None, :]
     beta3 = tl.reshape(beta, (NB, BS))[:, :, None]
     a_diag = a_diag * beta3
     n3 = n3 * beta3
@@ -432,12 +510,8 @@ def _chunk_tiles(
     t = tl.reshape(t3, (C, C))
 
     w = -tl.dot(t, kg * beta[:, None], input_precision=FP32_DOT)
-    v = tl.where(ok, _rows(v_ptr + hv * V, tok0, n, HV * V, V, C), 0.0)
     u = tl.dot(t, v * beta[:, None], input_precision=FP32_DOT)
-    # rows from the cut on: NaN outputs (gq only multiplies from the left) and a NaN state
-    gq = tl.where(((rows >= f) & (rows < n))[:, None], float("nan"), gq)
-    dec = tl.where(f < n, float("nan"), dec)
-    return w, u, gq, aqk, tl.trans(gk), dec
+    return w, u
 
 
 @triton.jit
@@ -617,11 +691,19 @@ def _recurrence(
 
 
 @triton.jit
-def _store_tiles(w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, w, u, gq, aqk, gkt, dec,
-                 K: tl.constexpr, V: tl.constexpr, C: tl.constexpr):  # fmt: skip
+def _store_solved(w_t, u_t, c, hv, HV, w, u, K: tl.constexpr, V: tl.constexpr,
+                  C: tl.constexpr):  # fmt: skip
+    """Store the solve's tiles w and u of chunk ``c``."""
     dt = w_t.dtype.element_ty
     tl.store(_tile_ptrs(w_t, c, hv, HV, C, K), w.to(dt))
     tl.store(_tile_ptrs(u_t, c, hv, HV, C, V), u.to(dt))
+
+
+@triton.jit
+def _store_decays(gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, gq, aqk, gkt, dec, K: tl.constexpr,
+                  C: tl.constexpr):  # fmt: skip
+    """Store the tiles that need no solve (gq, aqk, gkt, dec) of chunk ``c``."""
+    dt = gq_t.dtype.element_ty
     tl.store(_tile_ptrs(gq_t, c, hv, HV, C, K), gq.to(dt))
     tl.store(_tile_ptrs(aqk_t, c, hv, HV, C, C), aqk.to(dt))
     tl.store(_tile_ptrs(gkt_t, c, hv, HV, K, C), gkt.to(dt))
@@ -722,13 +804,25 @@ def _prep_chunk(
     SCALAR_GATE: tl.constexpr,
 ):  # fmt: skip
     if n > 0:
-        w, u, gq, aqk, gkt, dec = _chunk_tiles(
-            q, k, v, g, beta, alog, dtb, pa_t, pqk_t, c, tok0, n, h, hv, H, HV, scale,
-            lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR, SCALAR_GATE,
-        )  # fmt: skip
-        dec = _ballast(dec, BALLAST)
-        _store_tiles(w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, w, u, gq, aqk, gkt, dec,
-                     K, V, C)  # fmt: skip
+        if SCALAR_GATE:
+            # the tiles that need no solve go to memory before it: their registers are free
+            # for the solve (the whole-chunk tiles spilled with them held)
+            a_diag, n3, bt, kg, ok, gq, aqk, gkt, dec = _scalar_tiles(
+                q, k, v, g, beta, alog, dtb, tok0, n, h, hv, H, HV, scale, lower_bound,
+                K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
+            )  # fmt: skip
+            dec = _ballast(dec, BALLAST)
+            _store_decays(gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, gq, aqk, gkt, dec, K, C)
+            vv = tl.where(ok, _rows(v + hv * V, tok0, n, HV * V, V, C), 0.0)
+            w, u = _solve_wu(a_diag, n3, bt, kg, vv, C, BS, FP32_DOT)
+        else:
+            w, u, gq, aqk, gkt, dec = _chunk_tiles(
+                q, k, v, g, beta, alog, dtb, pa_t, pqk_t, c, tok0, n, h, hv, H, HV, scale,
+                lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
+            )  # fmt: skip
+            dec = _ballast(dec, BALLAST)
+            _store_decays(gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, gq, aqk, gkt, dec, K, C)
+        _store_solved(w_t, u_t, c, hv, HV, w, u, K, V, C)
 
 
 @triton.jit
