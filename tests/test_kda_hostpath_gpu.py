@@ -154,7 +154,7 @@ def test_planned_calls_skip_validation_selection_and_launch_py(fn, monkeypatch):
     first = call()
     call()  # recorded: a key seen twice gets its plan
     entered = []
-    for name in ("_prepare", "select_kda"):
+    for name in ("_prepare", "select"):
         monkeypatch.setattr(api, name, lambda *a, _n=name, **k: entered.append(_n))
     monkeypatch.setattr(launch, "_launch", lambda *a, **k: entered.append("_launch"))
     for _ in range(3):
