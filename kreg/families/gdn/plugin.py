@@ -40,8 +40,9 @@ def accepts(problem: LinearAttentionProblem) -> Verdict:
 SPLIT, RECURRENT, FUSED = delta_rule_candidates(
     FAMILY_NAME,
     accepts,
-    split_description="prep kernel (tiles, one program per chunk; the scalar gate's diagonal "
-    "sub-blocks in registers, no pairs kernel) + scan kernel (recurrence)",
+    split_description="prep kernel (tiles, one program per chunk: whole-chunk products, the "
+    "scalar gate's decay factor from one masked product, no pairs kernel) + scan kernel "
+    "(recurrence)",
     fused_description="tiles and recurrence in one kernel, one program per (sequence, value head)",
     fused_opt_in_reason=FUSED_OPT_IN_REASON,
 )

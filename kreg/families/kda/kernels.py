@@ -14,6 +14,8 @@ pairs exp(Gin_i) with exp(-Gin_j) in two dots (bounded gates only, a spec rule);
 anchor (the default, any gate in [-inf, 0]) does the same for every row whose span fits fp32
 and, for a row past it, forms each factor exp(G_i - G_j) pair by pair from sums local to the
 sub-block (computed only in a chunk that has such a row).
+A scalar gate (GDN, ``SCALAR_GATE``) needs no anchor: ``_scalar_tiles`` forms a pair's one
+decay factor over the whole chunk from a masked product of direct gate sums.
 Every exponent is built from the gates up to its row only, so no output depends on a later
 input, bit for bit, and a non-finite input cuts its chunk there instead of reaching earlier rows.
 """
