@@ -7,6 +7,10 @@
 #     - `kreg bench kda --quick` on the cases named (default: the B1 T8192 H32 regimes, the B4
 #       softplus pair and the varlen batch: three fla shapes, ~100 s of fla autotuning each),
 #       fla in the same run: $OUT/gates.md, $OUT/gates.json (-> docs/kda/quick/, GATES.md)
+#   OUT=... bash scripts/device_next.sh gdn
+#     - the GDN GPU tests and the host-path ones: $OUT/tests.log
+#     - `kreg bench gdn --quick` (its eight cases, fla in the same run): $OUT/gdn.md, $OUT/gdn.json
+#       (-> docs/gdn/results.json, then `kreg bench --render docs/gdn/results.json --out docs/gdn`)
 #   OUT=... bash scripts/device_next.sh host
 #     - benchmarks/kda_host_time.py (issue 23's 30 us goal): $OUT/host_time.json
 #   OUT=... bash scripts/device_next.sh sweep | grid CASE...
@@ -20,7 +24,7 @@
 #     --supersede --out docs/kda/grid` and `... validate docs/kda/grid_sweep.json --bench
 #     docs/kda/grid/results.json`.
 set -uo pipefail
-step="${1:?usage: device_next.sh gates [CASE...] | host | sweep | grid CASE...}"
+step="${1:?usage: device_next.sh gates [CASE...] | gdn | host | sweep | grid CASE...}"
 shift
 source "$(dirname "$0")/gpu_env.sh"
 case "$step" in
@@ -32,6 +36,14 @@ gates)
     --workers 14 --deadline-s "${GATES_DEADLINE:-370}" --out /tmp/gates >"$OUT/gates.log" 2>&1
   cp /tmp/gates/RESULTS.md "$OUT/gates.md"
   cp /tmp/gates/results.json "$OUT/gates.json"
+  ;;
+gdn)
+  timeout "${TESTS_TIMEOUT:-150}" python3 -m pytest -m gpu -q -rf -n 8 -p no:cacheprovider \
+    tests/test_gdn_gpu.py tests/test_kda_hostpath_gpu.py >"$OUT/tests.log" 2>&1
+  timeout "${GDN_TIMEOUT:-400}" python3 -m kreg bench gdn --quick --no-progress --workers 14 \
+    --deadline-s "${GDN_DEADLINE:-370}" --out /tmp/gdn >"$OUT/gdn.log" 2>&1
+  cp /tmp/gdn/RESULTS.md "$OUT/gdn.md"
+  cp /tmp/gdn/results.json "$OUT/gdn.json"
   ;;
 host)
   timeout "${HOST_TIMEOUT:-500}" python3 benchmarks/kda_host_time.py --out "$OUT" \
@@ -53,7 +65,7 @@ grid)
     >"$OUT/grid.log" 2>&1
   ;;
 *)
-  echo "device_next.sh: unknown step $step (gates | host | sweep | grid)" >&2
+  echo "device_next.sh: unknown step $step (gates | gdn | host | sweep | grid)" >&2
   exit 2
   ;;
 esac
