@@ -11,6 +11,10 @@
 #     - the GDN GPU tests and the host-path ones: $OUT/tests.log
 #     - `kreg bench gdn --quick` (its eight cases, fla in the same run): $OUT/gdn.md, $OUT/gdn.json
 #       (-> docs/gdn/results.json, then `kreg bench --render docs/gdn/results.json --out docs/gdn`)
+#   OUT=... bash scripts/device_next.sh kernels SCENARIO [CASE...]
+#     - benchmarks/prefill_kernels.py: each kreg kernel's time beside the call's, fla's total in
+#       the same run: $OUT/prefill_kernels.jsonl (a change against its baseline: run it on each
+#       tree, or copy the baseline's kernels.py in between, in one call)
 #   OUT=... bash scripts/device_next.sh host
 #     - benchmarks/kda_host_time.py (issue 23's 30 us goal): $OUT/host_time.json
 #   OUT=... bash scripts/device_next.sh sweep | grid CASE...
@@ -24,7 +28,7 @@
 #     --supersede --out docs/kda/grid` and `... validate docs/kda/grid_sweep.json --bench
 #     docs/kda/grid/results.json`.
 set -uo pipefail
-step="${1:?usage: device_next.sh gates [CASE...] | gdn | host | sweep | grid CASE...}"
+step="${1:?usage: device_next.sh gates [CASE...] | gdn | kernels SCENARIO [CASE...] | host | sweep | grid CASE...}"
 shift
 source "$(dirname "$0")/gpu_env.sh"
 case "$step" in
@@ -44,6 +48,12 @@ gdn)
     --deadline-s "${GDN_DEADLINE:-370}" --out /tmp/gdn >"$OUT/gdn.log" 2>&1
   cp /tmp/gdn/RESULTS.md "$OUT/gdn.md"
   cp /tmp/gdn/results.json "$OUT/gdn.json"
+  ;;
+kernels)
+  scenario="${1:?device_next.sh kernels: name the scenario (gdn or kda)}"
+  shift
+  timeout "${KERNELS_TIMEOUT:-500}" python3 benchmarks/prefill_kernels.py "$scenario" --fla \
+    --out "$OUT" ${1:+--cases "$@"} >"$OUT/kernels.log" 2>&1
   ;;
 host)
   timeout "${HOST_TIMEOUT:-500}" python3 benchmarks/kda_host_time.py --out "$OUT" \
@@ -65,7 +75,7 @@ grid)
     >"$OUT/grid.log" 2>&1
   ;;
 *)
-  echo "device_next.sh: unknown step $step (gates | gdn | host | sweep | grid)" >&2
+  echo "device_next.sh: unknown step $step (gates | gdn | kernels | host | sweep | grid)" >&2
   exit 2
   ;;
 esac

@@ -531,3 +531,49 @@ def test_host_time_benchmark_serves_gdn():
     out = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True,
                          env={**__import__("os").environ, "PYTHONPATH": str(path.parents[1])})  # fmt: skip
     assert out.returncode == 0 and "--family {gdn,kda}" in out.stdout, out.stderr
+
+
+@pytest.mark.parametrize("scenario", ["gdn", "kda"])
+def test_prefill_kernels_times_the_scenarios_own_rows(scenario, monkeypatch):
+    """benchmarks/prefill_kernels.py times the rows a scenario's ``prepare`` makes (its inputs
+    and keywords: the engines'), each kreg row with its kernels, the peer only with --fla; the
+    timing itself is the GPU's (stubbed here, the rows' plumbing run on the CPU)."""
+    import importlib.util
+    from pathlib import Path
+
+    import attrs
+    import torch
+
+    from kreg.bench import Impl
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "prefill_kernels.py"
+    spec = importlib.util.spec_from_file_location("prefill_kernels", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    timed = []
+    monkeypatch.setattr(tool, "total_ms", lambda fn: timed.append(fn) or 1.0)
+    monkeypatch.setattr(tool, "kernel_ms", lambda fn: {"prep": 0.5})
+    module = importlib.import_module(tool.SCENARIOS[scenario])
+    names = [c.name for c in module.cases()]
+    case = next(
+        c for c in module.cases() if sum(c.name in n for n in names) == 1
+    )  # --cases: substrings
+    prepare = module.prepare
+
+    def with_peer(*a):  # fla-core's row as a GPU machine with it would have it
+        p = prepare(*a)
+        peer = Impl(p.peer, run=lambda: None)
+        return attrs.evolve(p, impls=[i if i.name != p.peer else peer for i in p.impls])
+
+    monkeypatch.setattr(module, "prepare", with_peer)
+    prepared = module.prepare(case, "sm90", torch.device("cpu"))
+    runnable = [i.name for i in prepared.impls if isinstance(i, Impl)]
+    assert prepared.peer in runnable
+    for with_fla in (False, True):
+        timed.clear()
+        rows = list(tool.measure(scenario, [case.name], with_fla, "x", device="cpu"))
+        want = [n for n in runnable if with_fla or n != prepared.peer]
+        assert [r["impl"] for r in rows] == want and len(timed) == len(want)
+        assert all(r["case"] == case.name and r["label"] == "x" for r in rows)
+        assert all(("kernels" in r) == (r["impl"] != prepared.peer) for r in rows)
+    assert any(r["impl"] != prepared.peer for r in rows)
