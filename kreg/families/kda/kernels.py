@@ -201,7 +201,8 @@ def _chunk_tiles(
     if SCALAR_GATE:
         a_diag, n3, beta, kg, ok, gq, aqk, gkt, dec = _scalar_tiles(
             q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, tok0, n, h, hv, H, HV,
-            scale, lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
+            scale, lower_bound, None, None, None, c, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG,
+            FP32_DOT, ANCHOR, False,
         )  # fmt: skip
         v = tl.where(ok, _rows(v_ptr + hv * V, tok0, n, HV * V, V, C), 0.0)
         w, u = _solve_wu(a_diag, n3, beta, kg, v, C, BS, FP32_DOT)
@@ -374,13 +375,16 @@ def _channel_tiles(
 @triton.jit
 def _scalar_tiles(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, tok0, n, h, hv, H, HV, scale,
-    lower_bound, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
+    lower_bound, gq_t, aqk_t, gkt_t, c,
+    K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
-    FP32_DOT: tl.constexpr, ANCHOR: tl.constexpr,
+    FP32_DOT: tl.constexpr, ANCHOR: tl.constexpr, STORE: tl.constexpr,
 ):  # fmt: skip
     """A scalar gate's (GDN) tiles of one chunk, but for the solve: (a_diag, n3, beta, kg, ok,
     gq, aqk, gkt, dec), A split by sub-blocks as ``_solve_wu`` takes it, ``ok`` the rows
-    before the cut, gq, aqk, gkt and dec final (the split prep stores them before the solve).
+    before the cut, gq, aqk, gkt and dec final. With ``STORE`` (the split prep) gq, gkT and
+    Aqk go to ``gq_t``, ``gkt_t``, ``aqk_t`` (chunk ``c``) as soon as each is final, so that
+    their registers are free for the rest (at chunk 64 they spilled 444 B held to the end).
 
     A pair's decay is one number, so A = (K K^T) * Gamma and Aqk = (Q K^T) * Gamma over the
     whole chunk, K K^T and Q K^T one tensor-core product each on k and q as loaded (exact
@@ -428,31 +432,38 @@ def _scalar_tiles(
     k_inv = tl.where(ok, k_inv, 0.0)  # a cut row enters no product (its k may be NaN)
     kn = tl.where(ok, kf * k_inv, 0.0)  # K, normalised; a cut row's NaN * 0 stays out
 
-    # --- the tensor-core products on k and q as loaded, row scales after ----------------------
-    # (no overflow where the norms are finite: |k_i . k_j| <= |k_i| |k_j|, Cauchy-Schwarz)
-    ks = tl.where(ok, k, tl.zeros_like(k))
-    kst = tl.trans(ks)
-    kk = tl.dot(ks, kst, input_precision=FP32_DOT)
-    qk = tl.dot(q, kst, input_precision=FP32_DOT)
-    k_inv_t = tl.reshape(k_inv, (1, C))
-
-    # --- Gamma and the row factors from direct sums -------------------------------------------
-    upto = tl.where(tj <= ti, 1.0, 0.0)  # [i, t]
-    after = tl.where(ti > tj, tl.maximum(gl, -FLUSH_LOG2), 0.0)  # [t, j]: g_t for t > j
-    gam = tl.exp2(tl.dot(upto, after, input_precision="ieee"))  # [i, j], i >= j
+    # --- row factors from direct sums; the tiles that need no Gamma -----------------------------
     g_in = _seg_cumsum(gl, C, 1, C)  # [C, 1]: G_i from the chunk's start, inclusive
     g_out = tl.sum(tl.where(ti > tj, gl, 0.0), axis=0)  # [C]: G_C - G_j, a suffix sum
     e_in = tl.exp2(g_in)
-
-    a = tl.where(ti > tj, kk * k_inv * k_inv_t * gam, 0.0)
-    aqk = tl.where(ti >= tj, qk * (q_inv * scale) * k_inv_t * gam, 0.0)
-    gq = qf * (q_inv * e_in * scale)
-    gkt = tl.trans(kn * tl.exp2(g_out)[:, None])
-    kg = kn * e_in  # K * Gamma
-    dec = tl.exp2(tl.sum(gl)) + tl.zeros((K,), dtype=tl.float32)  # the scan decays K rows
     # rows from the cut on: NaN outputs (gq only multiplies from the left) and a NaN state
-    gq = tl.where(((rows >= f) & (rows < n))[:, None], float("nan"), gq)
+    gq = tl.where(((rows >= f) & (rows < n))[:, None], float("nan"), qf * (q_inv * e_in * scale))
+    gkt = tl.trans(kn * tl.exp2(g_out)[:, None])
+    if STORE:
+        _store_tile(gq_t, c, hv, HV, C, K, gq)
+        _store_tile(gkt_t, c, hv, HV, K, C, gkt)
+    dec = tl.exp2(tl.sum(gl)) + tl.zeros((K,), dtype=tl.float32)  # the scan decays K rows
     dec = tl.where(f < n, float("nan"), dec)
+
+    # --- Gamma from one masked product; products on k and q as loaded, row scales after ------
+    after = tl.where(ti > tj, tl.maximum(gl, -FLUSH_LOG2), 0.0)  # [t, j]: g_t for t > j
+    if C < 64:  # the masked product: upto [i, t] = [t <= i] times after
+        upto = tl.where(tj <= ti, 1.0, 0.0)
+        span = tl.dot(upto, after, input_precision="ieee")
+    else:  # a scan down the columns, the same sums: at chunk 64 the product's operands spilled
+        span = tl.cumsum(after, axis=0)
+    gam = tl.exp2(span)  # [i, j] = exp2(sum of the gates j+1..i), i >= j
+    # (no overflow where the norms are finite: |k_i . k_j| <= |k_i| |k_j|, Cauchy-Schwarz)
+    ks = tl.where(ok, k, tl.zeros_like(k))
+    kst = tl.trans(ks)
+    k_inv_t = tl.reshape(k_inv, (1, C))
+    qk = tl.dot(q, kst, input_precision=FP32_DOT)
+    aqk = tl.where(ti >= tj, qk * (q_inv * scale) * k_inv_t * gam, 0.0)
+    if STORE:
+        _store_tile(aqk_t, c, hv, HV, C, C, aqk)
+    kk = tl.dot(ks, kst, input_precision=FP32_DOT)
+    a = tl.where(ti > tj, kk * k_inv * k_inv_t * gam, 0.0)
+    kg = kn * e_in  # K * Gamma
 
     # A by sub-blocks, as the blocked solve takes it
     a3 = tl.reshape(a, (NB, BS, C))
@@ -688,20 +699,30 @@ def _recurrence(
 def _store_solved(w_t, u_t, c, hv, HV, w, u, K: tl.constexpr, V: tl.constexpr,
                   C: tl.constexpr):  # fmt: skip
     """Store the solve's tiles w and u of chunk ``c``."""
-    dt = w_t.dtype.element_ty
-    tl.store(_tile_ptrs(w_t, c, hv, HV, C, K), w.to(dt))
-    tl.store(_tile_ptrs(u_t, c, hv, HV, C, V), u.to(dt))
+    _store_tile(w_t, c, hv, HV, C, K, w)
+    _store_tile(u_t, c, hv, HV, C, V, u)
+
+
+@triton.jit
+def _store_tile(t, c, hv, HV, R: tl.constexpr, S: tl.constexpr, x):
+    """Store the [R, S] tile ``x`` of (chunk ``c``, value head ``hv``) in ``t``'s dtype."""
+    tl.store(_tile_ptrs(t, c, hv, HV, R, S), x.to(t.dtype.element_ty))
+
+
+@triton.jit
+def _store_dec(dec_t, c, hv, HV, dec, K: tl.constexpr):
+    """Store the [K] decay ``dec`` of (chunk ``c``, value head ``hv``)."""
+    tl.store(dec_t + (c * HV + hv).to(tl.int64) * K + tl.arange(0, K), dec)
 
 
 @triton.jit
 def _store_decays(gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, gq, aqk, gkt, dec, K: tl.constexpr,
                   C: tl.constexpr):  # fmt: skip
     """Store the tiles that need no solve (gq, aqk, gkt, dec) of chunk ``c``."""
-    dt = gq_t.dtype.element_ty
-    tl.store(_tile_ptrs(gq_t, c, hv, HV, C, K), gq.to(dt))
-    tl.store(_tile_ptrs(aqk_t, c, hv, HV, C, C), aqk.to(dt))
-    tl.store(_tile_ptrs(gkt_t, c, hv, HV, K, C), gkt.to(dt))
-    tl.store(dec_t + (c * HV + hv).to(tl.int64) * K + tl.arange(0, K), dec)
+    _store_tile(gq_t, c, hv, HV, C, K, gq)
+    _store_tile(aqk_t, c, hv, HV, C, C, aqk)
+    _store_tile(gkt_t, c, hv, HV, K, C, gkt)
+    _store_dec(dec_t, c, hv, HV, dec, K)
 
 
 @triton.jit
@@ -803,10 +824,10 @@ def _prep_chunk(
             # for the solve (the whole-chunk tiles spilled with them held)
             a_diag, n3, bt, kg, ok, gq, aqk, gkt, dec = _scalar_tiles(
                 q, k, v, g, beta, alog, dtb, tok0, n, h, hv, H, HV, scale, lower_bound,
-                K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
+                gq_t, aqk_t, gkt_t, c, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
+                ANCHOR, True,
             )  # fmt: skip
-            dec = _ballast(dec, BALLAST)
-            _store_decays(gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, gq, aqk, gkt, dec, K, C)
+            _store_dec(dec_t, c, hv, HV, _ballast(dec, BALLAST), K)
             vv = tl.where(ok, _rows(v + hv * V, tok0, n, HV * V, V, C), 0.0)
             w, u = _solve_wu(a_diag, n3, bt, kg, vv, C, BS, FP32_DOT)
         else:
