@@ -19,7 +19,8 @@ said otherwise. The oracles take a scalar gate as a per-channel one with equal c
    = 8 sequences, 7 extreme placements each, o and the final state checked apart, and the
    minimal case of a defect this file found (the state-update factor's suffix taken as a total
    less a prefix of clamped gates: 2e-5 off after two late resets; now a direct sum); softplus of raw gates of 1e8, +inf, -inf with A_log and dt_bias
-   [HV]: 3 x {split, fused} = 6 sequences.
+   [HV]: 3 x {split, fused} = 6 sequences. Small gates after huge ones, and q and k rows
+   scaled by up to 1e17 under the L2 norm (the same outputs): chunks 32 and 64 x {split, fused}.
 4. split == fused bit for bit: 4 option sets (states and chunk states, varlen with an empty
    sequence, the block anchor at solve_block 32, softplus with resets, L2 norm, beta sigmoid
    and the vk layout).
@@ -30,7 +31,7 @@ said otherwise. The oracles take a scalar gate as a per-channel one with equal c
    with resets and huge gates, and on a state pool (slots written in place, a -1 slot and the
    others untouched).
 6. GDN == KDA with the gate broadcast over K within 1e-5 relative RMS (not bit for bit: the
-   scalar gate's diagonal sub-blocks take other algebra than the pairs kernel's), pinned to the
+   scalar gate's whole-chunk tiles take other algebra than the pairs kernel's), pinned to the
    same spec on 4 cases, and through the two public entries.
 7. the block anchor (bound -5) given a gate of -200 or -60 at p: 2 x 64 = 128, each output row
    against the oracle (exact or NaN).
@@ -268,6 +269,30 @@ def test_small_gates_after_huge_ones_are_exact(chunk, fused):
     s0 = kp.h0(1)
     o, ht = run(x, chunk=chunk, fused=fused, initial_state=s0, output_final_state=True)
     check_oracles(x, o, ht, chunk=chunk, initial_state=s0)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["split", "fused"])
+@pytest.mark.parametrize("chunk", [32, 64])
+def test_l2_normed_rows_of_any_scale_give_the_same_outputs(chunk, fused):
+    """With the L2 norm in the kernel, q and k rows scaled by 10^s, s uniform in [0, 17] per row
+    (norms up to ~1e18, squares near fp32's largest), give the unscaled call's outputs within
+    1e-5: the kernels multiply the rows as given and scale after the products, which must not
+    overflow where the norms are finite (|k_i . k_j| <= |k_i| |k_j|), nor lose precision."""
+    T = 2 * chunk
+    x = make(1, T, seed=520 + chunk)
+    gen = torch.Generator().manual_seed(521)
+    scaled = dict(x)
+    for name in ("q", "k"):
+        s = 10.0 ** (17.0 * torch.rand(*x[name].shape[:-1], 1, generator=gen))
+        scaled[name] = (x[name] * s).contiguous()
+    assert scaled["k"].abs().amax() > 1e16
+    kw = dict(chunk=chunk, fused=fused, initial_state=kp.h0(1), output_final_state=True,
+              use_qk_l2norm=True)  # fmt: skip
+    o, ht = run(x, **kw)
+    so, sht = run(scaled, **kw)
+    assert torch.isfinite(so).all() and torch.isfinite(sht).all()
+    assert relative_rms(so, o) <= TOL, relative_rms(so, o)
+    assert relative_rms(sht, ht) <= TOL, relative_rms(sht, ht)
 
 
 # --- 4: split == fused, bit for bit --------------------------------------------------------------
