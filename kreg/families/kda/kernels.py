@@ -221,9 +221,13 @@ def _channel_tiles(
     tok0, n, h, hv, H, HV, scale, lower_bound,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
-    FP32_DOT: tl.constexpr, ANCHOR: tl.constexpr,
+    FP32_DOT: tl.constexpr, ANCHOR: tl.constexpr, gq_t=None, gkt_t=None,
+    STORE: tl.constexpr = False,
 ):  # fmt: skip
-    """``_chunk_tiles`` for a per-channel gate (KDA).
+    """``_chunk_tiles`` for a per-channel gate (KDA). With ``STORE`` (the split prep) gq and gkT
+    go to ``gq_t`` and ``gkt_t`` (chunk ``c``) as soon as they are final, before the
+    off-diagonal products and the solve (held to the end they spilled 132 B per thread on sm90
+    at K = 128 with softplus gates; none stored early).
 
     Every decay factor exp(G_i - G_j) is formed from sums of the gates between j and i: direct
     prefix and suffix sums from a sub-block boundary, never the difference of two large sums.
@@ -337,6 +341,10 @@ def _channel_tiles(
     kg = tl.reshape(kl3 * e_before, (C, K))  # K * Gamma
     gq = tl.reshape(ql3 * e_before, (C, K)) * scale
     gk = tl.reshape(kr3 * tl.exp2(after)[:, None, :], (C, K))  # K exp(G_C - G_j)
+    gq = tl.where(((rows >= f) & (rows < n))[:, None], float("nan"), gq)
+    if STORE:
+        _store_tile(gq_t, c, hv, HV, C, K, gq)
+        _store_tile(gkt_t, c, hv, HV, K, C, tl.trans(gk))
     dec = tl.exp2(tl.sum(tot, axis=0))
 
     a_diag = tl.where((ri > ci) & (tl.reshape(rows < f, (NB, BS))[:, :, None]), a_diag, 0.0)
@@ -366,8 +374,6 @@ def _channel_tiles(
 
     v = tl.where(ok, _rows(v_ptr + hv * V, tok0, n, HV * V, V, C), 0.0)
     w, u = _solve_wu(a_diag, n3, beta, kg, v, C, BS, FP32_DOT)
-    # rows from the cut on: NaN outputs (gq only multiplies from the left) and a NaN state
-    gq = tl.where(((rows >= f) & (rows < n))[:, None], float("nan"), gq)
     dec = tl.where(f < n, float("nan"), dec)
     return w, u, gq, aqk, tl.trans(gk), dec
 
@@ -716,16 +722,6 @@ def _store_dec(dec_t, c, hv, HV, dec, K: tl.constexpr):
 
 
 @triton.jit
-def _store_decays(gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, gq, aqk, gkt, dec, K: tl.constexpr,
-                  C: tl.constexpr):  # fmt: skip
-    """Store the tiles that need no solve (gq, aqk, gkt, dec) of chunk ``c``."""
-    _store_tile(gq_t, c, hv, HV, C, K, gq)
-    _store_tile(aqk_t, c, hv, HV, C, C, aqk)
-    _store_tile(gkt_t, c, hv, HV, K, C, gkt)
-    _store_dec(dec_t, c, hv, HV, dec, K)
-
-
-@triton.jit
 def _ballast(x, BALLAST: tl.constexpr):
     """Case-study probe: stage a [16, BALLAST // 32] fp16 operand of a tiny product through
     shared memory (BALLAST bytes), so fewer programs fit per SM; adds exactly 0 to ``x``."""
@@ -831,12 +827,14 @@ def _prep_chunk(
             vv = tl.where(ok, _rows(v + hv * V, tok0, n, HV * V, V, C), 0.0)
             w, u = _solve_wu(a_diag, n3, bt, kg, vv, C, BS, FP32_DOT)
         else:
-            w, u, gq, aqk, gkt, dec = _chunk_tiles(
+            w, u, gq, aqk, gkt, dec = _channel_tiles(
                 q, k, v, g, beta, alog, dtb, pa_t, pqk_t, c, tok0, n, h, hv, H, HV, scale,
                 lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
+                gq_t, gkt_t, True,
             )  # fmt: skip
             dec = _ballast(dec, BALLAST)
-            _store_decays(gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, gq, aqk, gkt, dec, K, C)
+            _store_tile(aqk_t, c, hv, HV, C, C, aqk)
+            _store_dec(dec_t, c, hv, HV, dec, K)
         _store_solved(w_t, u_t, c, hv, HV, w, u, K, V, C)
 
 
