@@ -190,19 +190,22 @@ def _chunk_tiles(
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, ANCHOR: tl.constexpr = ANCHOR_SAFE,
-    SCALAR_GATE: tl.constexpr = False,
+    SCALAR_GATE: tl.constexpr = False, gq_t=None, aqk_t=None, gkt_t=None,
+    STORE: tl.constexpr = False,
 ):  # fmt: skip
     """The six state-independent tiles of one chunk, for one value head: (w, u, gq, aqk, gkt,
     dec) in fp32, w = -T diag(beta) (K*Gamma) (negated so the scan subtracts into its
     accumulator), u = T diag(beta) V, gq = scale Q*Gamma, aqk (causal, scaled), gkt =
     (K * exp(G_C - G))^T laid out [K, C] so the scan needs no transpose, dec = exp(G_C).
     A per-channel gate's from ``_channel_tiles``, a scalar gate's (GDN) from ``_scalar_tiles``;
-    both solve T = (I + diag(beta) A)^-1 in ``_solve_wu``."""
+    both solve T = (I + diag(beta) A)^-1 in ``_solve_wu``. With ``STORE`` (the split prep)
+    gq, aqk and gkt go to ``gq_t``, ``aqk_t``, ``gkt_t`` as soon as each is final, before the
+    solve, so that their registers are free for it (held to the end they spilled)."""
     if SCALAR_GATE:
         a_diag, n3, beta, kg, ok, gq, aqk, gkt, dec = _scalar_tiles(
             q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, tok0, n, h, hv, H, HV,
-            scale, lower_bound, None, None, None, c, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG,
-            FP32_DOT, ANCHOR, False,
+            scale, lower_bound, gq_t, aqk_t, gkt_t, c, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG,
+            FP32_DOT, ANCHOR, STORE,
         )  # fmt: skip
         v = tl.where(ok, _rows(v_ptr + hv * V, tok0, n, HV * V, V, C), 0.0)
         w, u = _solve_wu(a_diag, n3, beta, kg, v, C, BS, FP32_DOT)
@@ -210,7 +213,7 @@ def _chunk_tiles(
         w, u, gq, aqk, gkt, dec = _channel_tiles(
             q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, pa_t, pqk_t, c, tok0, n,
             h, hv, H, HV, scale, lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
-            ANCHOR,
+            ANCHOR, gq_t, aqk_t, gkt_t, STORE,
         )  # fmt: skip
     return w, u, gq, aqk, gkt, dec
 
@@ -221,13 +224,11 @@ def _channel_tiles(
     tok0, n, h, hv, H, HV, scale, lower_bound,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
-    FP32_DOT: tl.constexpr, ANCHOR: tl.constexpr, gq_t=None, gkt_t=None,
-    STORE: tl.constexpr = False,
+    FP32_DOT: tl.constexpr, ANCHOR: tl.constexpr, gq_t, aqk_t, gkt_t, STORE: tl.constexpr,
 ):  # fmt: skip
-    """``_chunk_tiles`` for a per-channel gate (KDA). With ``STORE`` (the split prep) gq and gkT
-    go to ``gq_t`` and ``gkt_t`` (chunk ``c``) as soon as they are final, before the
-    off-diagonal products and the solve (held to the end they spilled 132 B per thread on sm90
-    at K = 128 with softplus gates; none stored early).
+    """``_chunk_tiles`` for a per-channel gate (KDA). With ``STORE`` gq and gkT go out before
+    the off-diagonal products (held to the end they spilled 132 B per thread on sm90 at
+    K = 128 with softplus gates; none stored early), Aqk before the solve.
 
     Every decay factor exp(G_i - G_j) is formed from sums of the gates between j and i: direct
     prefix and suffix sums from a sub-block boundary, never the difference of two large sums.
@@ -371,6 +372,8 @@ def _channel_tiles(
         tot_i = tl.sum(tl.where(blk[:, None] == i, tot, 0.0), axis=0)
         between = tl.where(blk[:, None] < i, between + tot_i[None, :], 0.0)
     aqk = tl.reshape(qk3, (C, C)) * scale
+    if STORE:
+        _store_tile(aqk_t, c, hv, HV, C, C, aqk)
 
     v = tl.where(ok, _rows(v_ptr + hv * V, tok0, n, HV * V, V, C), 0.0)
     w, u = _solve_wu(a_diag, n3, beta, kg, v, C, BS, FP32_DOT)
@@ -388,9 +391,8 @@ def _scalar_tiles(
 ):  # fmt: skip
     """A scalar gate's (GDN) tiles of one chunk, but for the solve: (a_diag, n3, beta, kg, ok,
     gq, aqk, gkt, dec), A split by sub-blocks as ``_solve_wu`` takes it, ``ok`` the rows
-    before the cut, gq, aqk, gkt and dec final. With ``STORE`` (the split prep) gq, gkT and
-    Aqk go to ``gq_t``, ``gkt_t``, ``aqk_t`` (chunk ``c``) as soon as each is final, so that
-    their registers are free for the rest (at chunk 64 they spilled 444 B held to the end).
+    before the cut, gq, aqk, gkt and dec final. ``STORE`` as ``_chunk_tiles`` (at chunk 64
+    the three tiles held to the end spilled 444 B).
 
     A pair's decay is one number, so A = (K K^T) * Gamma and Aqk = (Q K^T) * Gamma over the
     whole chunk, K K^T and Q K^T one tensor-core product each on k and q as loaded (exact
@@ -702,14 +704,6 @@ def _recurrence(
 
 
 @triton.jit
-def _store_solved(w_t, u_t, c, hv, HV, w, u, K: tl.constexpr, V: tl.constexpr,
-                  C: tl.constexpr):  # fmt: skip
-    """Store the solve's tiles w and u of chunk ``c``."""
-    _store_tile(w_t, c, hv, HV, C, K, w)
-    _store_tile(u_t, c, hv, HV, C, V, u)
-
-
-@triton.jit
 def _store_tile(t, c, hv, HV, R: tl.constexpr, S: tl.constexpr, x):
     """Store the [R, S] tile ``x`` of (chunk ``c``, value head ``hv``) in ``t``'s dtype."""
     tl.store(_tile_ptrs(t, c, hv, HV, R, S), x.to(t.dtype.element_ty))
@@ -815,27 +809,14 @@ def _prep_chunk(
     SCALAR_GATE: tl.constexpr,
 ):  # fmt: skip
     if n > 0:
-        if SCALAR_GATE:
-            # the tiles that need no solve go to memory before it: their registers are free
-            # for the solve (the whole-chunk tiles spilled with them held)
-            a_diag, n3, bt, kg, ok, gq, aqk, gkt, dec = _scalar_tiles(
-                q, k, v, g, beta, alog, dtb, tok0, n, h, hv, H, HV, scale, lower_bound,
-                gq_t, aqk_t, gkt_t, c, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
-                ANCHOR, True,
-            )  # fmt: skip
-            _store_dec(dec_t, c, hv, HV, _ballast(dec, BALLAST), K)
-            vv = tl.where(ok, _rows(v + hv * V, tok0, n, HV * V, V, C), 0.0)
-            w, u = _solve_wu(a_diag, n3, bt, kg, vv, C, BS, FP32_DOT)
-        else:
-            w, u, gq, aqk, gkt, dec = _channel_tiles(
-                q, k, v, g, beta, alog, dtb, pa_t, pqk_t, c, tok0, n, h, hv, H, HV, scale,
-                lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR,
-                gq_t, gkt_t, True,
-            )  # fmt: skip
-            dec = _ballast(dec, BALLAST)
-            _store_tile(aqk_t, c, hv, HV, C, C, aqk)
-            _store_dec(dec_t, c, hv, HV, dec, K)
-        _store_solved(w_t, u_t, c, hv, HV, w, u, K, V, C)
+        w, u, gq, aqk, gkt, dec = _chunk_tiles(
+            q, k, v, g, beta, alog, dtb, pa_t, pqk_t, c, tok0, n, h, hv, H, HV, scale,
+            lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR, SCALAR_GATE,
+            gq_t, aqk_t, gkt_t, True,
+        )  # fmt: skip
+        _store_dec(dec_t, c, hv, HV, _ballast(dec, BALLAST), K)
+        _store_tile(w_t, c, hv, HV, C, K, w)
+        _store_tile(u_t, c, hv, HV, C, V, u)
 
 
 @triton.jit
