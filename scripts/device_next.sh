@@ -15,6 +15,11 @@
 #     - benchmarks/prefill_kernels.py: each kreg kernel's time beside the call's, fla's total in
 #       the same run: $OUT/prefill_kernels.jsonl (a change against its baseline: run it on each
 #       tree, or copy the baseline's kernels.py in between, in one call)
+#   OUT=... bash scripts/device_next.sh ab SCENARIO BASE [CASE...]
+#     - the same on this tree (label tree, fla's rows too) and then on the kreg package of an
+#       earlier commit unpacked in BASE (label base; make it here with
+#       `mkdir -p scratch/base && git archive REV kreg | tar -x -C scratch/base`, carry scratch):
+#       a change against its baseline in one call, on one card: $OUT/prefill_kernels.jsonl
 #   OUT=... bash scripts/device_next.sh host
 #     - benchmarks/kda_host_time.py (issue 23's 30 us goal): $OUT/host_time.json
 #   OUT=... bash scripts/device_next.sh sweep | grid CASE...
@@ -28,7 +33,7 @@
 #     --supersede --out docs/kda/grid` and `... validate docs/kda/grid_sweep.json --bench
 #     docs/kda/grid/results.json`.
 set -uo pipefail
-step="${1:?usage: device_next.sh gates [CASE...] | gdn | kernels SCENARIO [CASE...] | host | sweep | grid CASE...}"
+step="${1:?usage: device_next.sh gates [CASE...] | gdn | kernels SCENARIO [CASE...] | ab SCENARIO BASE [CASE...] | host | sweep | grid CASE...}"
 shift
 source "$(dirname "$0")/gpu_env.sh"
 case "$step" in
@@ -55,6 +60,16 @@ kernels)
   timeout "${KERNELS_TIMEOUT:-500}" python3 benchmarks/prefill_kernels.py "$scenario" --fla \
     --out "$OUT" ${1:+--cases "$@"} >"$OUT/kernels.log" 2>&1
   ;;
+ab)
+  scenario="${1:?device_next.sh ab: name the scenario (gdn or kda)}"
+  base="${2:?device_next.sh ab: name the folder holding the baseline kreg package}"
+  shift 2
+  timeout "${TREE_TIMEOUT:-330}" python3 benchmarks/prefill_kernels.py "$scenario" --fla \
+    --label tree --out "$OUT" ${1:+--cases "$@"} >"$OUT/tree.log" 2>&1
+  PYTHONPATH="$PWD/$base:$PYTHONPATH" timeout "${BASE_TIMEOUT:-150}" \
+    python3 benchmarks/prefill_kernels.py "$scenario" --label base --out "$OUT" \
+    ${1:+--cases "$@"} >"$OUT/base.log" 2>&1
+  ;;
 host)
   timeout "${HOST_TIMEOUT:-500}" python3 benchmarks/kda_host_time.py --out "$OUT" \
     >"$OUT/host.log" 2>&1
@@ -75,7 +90,7 @@ grid)
     >"$OUT/grid.log" 2>&1
   ;;
 *)
-  echo "device_next.sh: unknown step $step (gates | gdn | kernels | host | sweep | grid)" >&2
+  echo "device_next.sh: unknown step $step (gates | gdn | kernels | ab | host | sweep | grid)" >&2
   exit 2
   ;;
 esac

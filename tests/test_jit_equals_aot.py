@@ -46,8 +46,10 @@ def test_aot_artifact_carries_the_jit_specialisation(sm90):
     # the representative T and HV are multiples of 16
     assert REPRESENTATIVE.T % 16 == 0 and REPRESENTATIVE.HV % 16 == 0
     assert "tt.divisibility = 16" in args["T"] and "tt.divisibility = 16" in args["HV"]
-    # None pointers (no h0 / ht / hs, no varlen tables) and NSEG == 1 are constants, not arguments
-    assert not {"h0", "ht", "hs", "seq_chunk", "cu_seqlens", "NSEG"} & set(args), sorted(args)
+    # None pointers (no h0 / ht / hs, no varlen tables, no q and k with a channel gate) and
+    # NSEG == 1 are constants, not arguments
+    absent = {"h0", "ht", "hs", "seq_chunk", "cu_seqlens", "NSEG", "q", "k"}
+    assert not absent & set(args), sorted(args)
 
 
 def test_aot_artifact_follows_the_launch_values(sm90):
@@ -63,8 +65,7 @@ def test_aot_artifact_follows_the_launch_values(sm90):
 
 
 def test_compile_kernel_needs_the_integer_values(sm90):
-    signature = builders._tiles("bf16") | builders._states(SCAN)
-    signature |= {"seq_chunk": "*i32", "cu_seqlens": "*i64", "T": "i32", "HV": "i32", "NSEG": "i32"}
+    signature = builders._scan_inputs(SCAN) | builders._states(SCAN) | builders._SEGMENT
     constexprs = dict(K=128, V=128, C=16, SEG=0) | builders._scan_constexprs(SCAN, 32)
     with pytest.raises(ValueError, match="no runtime value for 'T'"):
         compile_kernel(kernels.kda_chunk_scan_kernel, signature, constexprs, sm90)

@@ -1,6 +1,7 @@
-"""GDN's golden IR cases: the scalar-gate kernels (prep, fused, recurrence) at the representative
-Qwen3-Next head dim 128, and every option at once at head dim 64. The scan, segment-map and
-combine kernels are the shared ones KDA's cases pin."""
+"""GDN's golden IR cases: the scalar-gate kernels (prep, scan, fused, recurrence) at the
+representative Qwen3-Next head dim 128, and every option at once at head dim 64. The scan's
+scalar-gate branch reads q and k with the prep's row scales (kernels._scan_step); the segment combine is
+the one KDA's cases pin."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ _SCALAR = dict(scalar_gate=True)
 def _split(d, chunk, *, fp32_dot="ieee", anchor="safe", tile=None, **shape):
     tile = KdaTileSpec(d, d, chunk=chunk, solve_block=16, fp32_dot=fp32_dot, anchor=anchor,
                        **shape, **_SCALAR, **(tile or {}))  # fmt: skip
-    return KdaSplitSpec(tile, KdaScanSpec(d, d, chunk=chunk, block_v=32, **shape))
+    return KdaSplitSpec(tile, KdaScanSpec(d, d, chunk=chunk, block_v=32, **shape, **_SCALAR))
 
 
 CASES = (
@@ -31,7 +32,7 @@ CASES = (
                    KdaTileSpec(64, 64, chunk=16, solve_block=16, gate_activation="softplus",
                                **_SCALAR),
                    KdaScanSpec(64, 64, chunk=16, block_v=64, num_stages=1, initial_state=True,
-                               output_final_state=True))),
+                               output_final_state=True, **_SCALAR))),
     GoldenCase("recurrent_pool_softplus", "gdn.recurrent",
                KdaRecurrentSpec(128, 128, block_v=16, num_warps=1, num_stages=1,
                                 gate_activation="softplus", qk_l2norm=True, initial_state=True,

@@ -20,6 +20,7 @@ from .runtime_args import (
     REPRESENTATIVE,
     LaunchShape,
     scan_absent,
+    scan_qk_absent,
     scan_scalars,
     segment_count,
     tile_absent,
@@ -29,6 +30,8 @@ from .specs import KdaChunkFusedSpec, KdaScanSpec, KdaTileSpec
 
 _SCALARS = {"T": "i32", "H": "i32", "HV": "i32", "scale": "fp32", "lower_bound": "fp32"}
 _TABLES = {"chunk_seq": "*i32", "seq_chunk": "*i32", "cu_seqlens": "*i64"}
+# the scan side's tables and integers (runtime_args.scan_scalars; the combine takes no H)
+_SEGMENT = {"seq_chunk": "*i32", "cu_seqlens": "*i64", "T": "i32", "HV": "i32", "NSEG": "i32"}
 
 
 def _inputs(dtype: str) -> dict[str, str]:
@@ -41,9 +44,18 @@ def _inputs(dtype: str) -> dict[str, str]:
 _PAIRS = {"pa_t": "*fp32", "pqk_t": "*fp32"}  # the pairs kernel's diagonal sub-blocks
 
 
-def _tiles(dtype: str) -> dict[str, str]:
-    names = ("w_t", "u_t", "gq_t", "aqk_t", "gkt_t")
-    return {n: f"*{dtype}" for n in names} | {"dec_t": "*fp32"}
+def _tiles(dtype: str, scalar_gate: bool) -> dict[str, str]:
+    """The prep's outputs, the scan's inputs; a scalar gate's gq_t and gkt_t hold fp32 row
+    scales and dec_t one decay per chunk (kernels._scan_step)."""
+    tiles = {n: f"*{dtype}" for n in ("w_t", "u_t", "gq_t", "aqk_t", "gkt_t")}
+    if scalar_gate:
+        tiles |= {"gq_t": "*fp32", "gkt_t": "*fp32"}
+    return tiles | {"dec_t": "*fp32"}
+
+
+def _scan_inputs(spec: KdaScanSpec) -> dict[str, str]:
+    """The scan and segment map's inputs: q and k (read with a scalar gate) and the tiles."""
+    return {"q": f"*{spec.dtype}", "k": f"*{spec.dtype}"} | _tiles(spec.dtype, spec.scalar_gate)
 
 
 def _states(spec: KdaScanSpec) -> dict[str, str]:
@@ -70,7 +82,7 @@ def _scan_constexprs(spec: KdaScanSpec, block_v: int) -> dict:
     return dict(
         BV=block_v, USE_H0=spec.initial_state, STORE_HT=spec.output_final_state,
         STORE_HS=spec.output_chunk_states, STATE_VK=spec.state_layout == "vk",
-        VARLEN=spec.varlen, HS_EVERY=spec.chunk_states_every,
+        VARLEN=spec.varlen, HS_EVERY=spec.chunk_states_every, SCALAR_GATE=spec.scalar_gate,
     )  # fmt: skip
 
 
@@ -125,7 +137,8 @@ def fused_launch(spec: KdaChunkFusedSpec) -> KernelLaunch:
 
 def segment_map_launch(spec: KdaScanSpec) -> KernelLaunch:
     constexprs = dict(K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, BV=spec.block_v,
-                      VARLEN=spec.varlen, SEG=spec.segment_chunks)  # fmt: skip
+                      VARLEN=spec.varlen, SEG=spec.segment_chunks,
+                      SCALAR_GATE=spec.scalar_gate)  # fmt: skip
     return KernelLaunch(kernels.kda_segment_map_kernel, constexprs, spec.num_warps,
                         spec.num_stages)  # fmt: skip
 
@@ -165,7 +178,8 @@ def build_kda_chunk_pairs(
 def build_kda_chunk_prep(
     spec: KdaTileSpec, target: Target, shape: LaunchShape = REPRESENTATIVE
 ) -> Artifact:
-    signature = _inputs(spec.dtype) | _PAIRS | _tiles(spec.dtype) | _TABLES | _SCALARS
+    signature = _inputs(spec.dtype) | _PAIRS | _tiles(spec.dtype, spec.scalar_gate) | _TABLES
+    signature |= _SCALARS
     values = _launch_values(signature, tile_scalars_of(shape), tile_absent(spec))
     return _compile(prep_launch(spec), signature, target, values)
 
@@ -174,13 +188,12 @@ def build_kda_chunk_prep(
 def build_kda_chunk_scan(
     spec: KdaScanSpec, target: Target, shape: LaunchShape = REPRESENTATIVE
 ) -> Artifact:
-    signature = _tiles(spec.dtype) | _states(spec)
-    signature |= {"seq_chunk": "*i32", "cu_seqlens": "*i64", "T": "i32", "HV": "i32", "NSEG": "i32"}
+    signature = _scan_inputs(spec) | _states(spec) | _SEGMENT | {"H": "i32"}
     if spec.segment_chunks:  # h0 then holds the segments' fp32 start states
         signature["h0"] = "*fp32"
     values = _launch_values(
         signature, _scan_scalars(spec, shape),
-        scan_absent(spec, h0_is_segment_starts=bool(spec.segment_chunks)),
+        scan_absent(spec, h0_is_segment_starts=bool(spec.segment_chunks)), scan_qk_absent(spec),
     )  # fmt: skip
     return _compile(scan_launch(spec), signature, target, values)
 
@@ -200,10 +213,8 @@ def build_kda_chunk_fused(
 
 
 def _scan_scalars(spec: KdaScanSpec, shape: LaunchShape) -> dict:
-    return scan_scalars(shape.T, shape.HV, spec.chunk, spec.segment_chunks, shape.longest)
-
-
-_SEGMENT = {"seq_chunk": "*i32", "cu_seqlens": "*i64", "T": "i32", "HV": "i32", "NSEG": "i32"}
+    return scan_scalars(shape.T, shape.H, shape.HV, spec.chunk, spec.segment_chunks,
+                        shape.longest)  # fmt: skip
 
 
 @functools.cache
@@ -213,10 +224,12 @@ def build_kda_segment_map(
     """Sequence-parallel scan, pass 1 (None when the spec has no segments)."""
     if not spec.segment_chunks:
         return None
-    signature = _tiles(spec.dtype) | {"seg_map": "*fp32"} | _SEGMENT
+    signature = _scan_inputs(spec) | {"seg_map": "*fp32"} | _SEGMENT
+    signature |= {"H": "i32", "MAP_LAST": "i32"}
     values = _launch_values(
-        signature, _scan_scalars(spec, shape), scan_absent(spec, h0_is_segment_starts=False)
-    )
+        signature, _scan_scalars(spec, shape) | {"MAP_LAST": 0},  # context parallel passes 1
+        scan_absent(spec, h0_is_segment_starts=False), scan_qk_absent(spec),
+    )  # fmt: skip
     return _compile(segment_map_launch(spec), signature, target, values)
 
 
@@ -277,11 +290,11 @@ def kernel_keys(problem, spec) -> set[tuple]:
     nseg = _int_class(
         segment_count(problem.longest_seq, spec.tile.chunk, spec.scan.segment_chunks)
     )  # as launch._scan_scalars
-    launches = [(prep_launch(spec.tile), ints), (scan_launch(spec.scan), ints[::2] + (nseg,))]
+    launches = [(prep_launch(spec.tile), ints), (scan_launch(spec.scan), ints + (nseg,))]
     if spec.tile.pairs:
         launches.append((pairs_launch(spec.tile), ints))
     if spec.scan.segment_chunks:
-        launches += [(segment_map_launch(spec.scan), ints[::2] + (nseg,)),
-                     (segment_combine_launch(spec.scan, spec.tile.fp32_dot), ints[::2] + (nseg,))]  # fmt: skip
+        launches += [(segment_map_launch(spec.scan), ints + (nseg,)),
+                     (segment_combine_launch(spec.scan, spec.tile.fp32_dot), ints + (nseg,))]  # fmt: skip
     return {(lc.name, tuple(sorted(lc.constexprs.items())), lc.num_warps, lc.num_stages, cls)
             for lc, cls in launches}  # fmt: skip

@@ -337,7 +337,8 @@ def run_cp(cp: CpCall, selection):
         call, tables = launch.chunk_tables(call, tile.chunk)
         tiles = launch.run_prep(call, tile, tables)
         if scan.segment_chunks:  # the local scan's maps: the open piece's map reuses them
-            seg_map = launch.segment_maps(call, tiles, scan, tables[0], len(plan.seqs))
+            seg_map = launch.segment_maps(call, tiles, scan, tables[0], len(plan.seqs),
+                                          map_last=bool(plan.open))  # fmt: skip
         if plan.open:
             send[: len(plan.open)] = _open_maps(call, plan, tile, scan, tables, tiles, seg_map)
     gathered = _all_gather(send, cp.group)
@@ -362,9 +363,9 @@ def _open_maps(call, plan: CpPlan, tile, scan, tables, tiles, seg_map):
         scan = attrs.evolve(scan, segment_chunks=MAP_SEGMENT_CHUNKS)
         if plan.varlen:  # the tables from the first open piece on (chunks stay absolute)
             sub = attrs.evolve(call, cu_seqlens=call.cu_seqlens[first:])
-            seg_map = launch.segment_maps(sub, tiles, scan, seq_chunk[first:], n_open)
+            seg_map = launch.segment_maps(sub, tiles, scan, seq_chunk[first:], n_open, True)
         else:
-            seg_map = launch.segment_maps(call, tiles, scan, None, n_open)
+            seg_map = launch.segment_maps(call, tiles, scan, None, n_open, True)
     else:
         seg_map = seg_map[first:]
     seg, C = scan.segment_chunks, tile.chunk

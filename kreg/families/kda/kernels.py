@@ -198,9 +198,11 @@ def _chunk_tiles(
     accumulator), u = T diag(beta) V, gq = scale Q*Gamma, aqk (causal, scaled), gkt =
     (K * exp(G_C - G))^T laid out [K, C] so the scan needs no transpose, dec = exp(G_C).
     A per-channel gate's from ``_channel_tiles``, a scalar gate's (GDN) from ``_scalar_tiles``;
-    both solve T = (I + diag(beta) A)^-1 in ``_solve_wu``. With ``STORE`` (the split prep)
-    gq, aqk and gkt go to ``gq_t``, ``aqk_t``, ``gkt_t`` as soon as each is final, before the
-    solve, so that their registers are free for it (held to the end they spilled)."""
+    both solve T = (I + diag(beta) A)^-1 in ``_solve_wu``. A scalar gate's gq and gkt are row
+    scalings of q and k: in their places come the two [C] row scales (the scan applies them to
+    the products of q and k as loaded, ``_scan_step``), and dec is one number. With ``STORE`` (the split prep) gq, aqk and gkt (or the scales) go
+    to ``gq_t``, ``aqk_t``, ``gkt_t`` as soon as each is final, before the solve, so that their
+    registers are free for it (held to the end they spilled)."""
     if SCALAR_GATE:
         a_diag, n3, beta, kg, ok, gq, aqk, gkt, dec = _scalar_tiles(
             q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, tok0, n, h, hv, H, HV,
@@ -390,8 +392,9 @@ def _scalar_tiles(
     FP32_DOT: tl.constexpr, ANCHOR: tl.constexpr, STORE: tl.constexpr,
 ):  # fmt: skip
     """A scalar gate's (GDN) tiles of one chunk, but for the solve: (a_diag, n3, beta, kg, ok,
-    gq, aqk, gkt, dec), A split by sub-blocks as ``_solve_wu`` takes it, ``ok`` the rows
-    before the cut, gq, aqk, gkt and dec final. ``STORE`` as ``_chunk_tiles`` (at chunk 64
+    q_scale, aqk, k_scale, dec), A split by sub-blocks as ``_solve_wu`` takes it, ``ok`` the
+    rows before the cut, aqk and dec final, gq and gkt as the [C] row scales ``_scan_step``
+    applies to the products of q and k, dec one number. ``STORE`` as ``_chunk_tiles`` (at chunk 64
     the three tiles held to the end spilled 444 B).
 
     A pair's decay is one number, so A = (K K^T) * Gamma and Aqk = (Q K^T) * Gamma over the
@@ -440,18 +443,18 @@ def _scalar_tiles(
     k_inv = tl.where(ok, k_inv, 0.0)  # a cut row enters no product (its k may be NaN)
     kn = tl.where(ok, kf * k_inv, 0.0)  # K, normalised; a cut row's NaN * 0 stays out
 
-    # --- row factors from direct sums; the tiles that need no Gamma -----------------------------
+    # --- row factors from direct sums: the scan's row scales --------------------------------
     g_in = _seg_cumsum(gl, C, 1, C)  # [C, 1]: G_i from the chunk's start, inclusive
     g_out = tl.sum(tl.where(ti > tj, gl, 0.0), axis=0)  # [C]: G_C - G_j, a suffix sum
     e_in = tl.exp2(g_in)
     # rows from the cut on: NaN outputs (gq only multiplies from the left) and a NaN state
-    gq = tl.where(((rows >= f) & (rows < n))[:, None], float("nan"), qf * (q_inv * e_in * scale))
-    gkt = tl.trans(kn * tl.exp2(g_out)[:, None])
+    q_scale = tl.where((rows >= f) & (rows < n), float("nan"),
+                       tl.reshape(q_inv * e_in * scale, (C,)))  # fmt: skip
+    k_scale = tl.where(rows < f, tl.reshape(k_inv, (C,)) * tl.exp2(g_out), 0.0)
     if STORE:
-        _store_tile(gq_t, c, hv, HV, C, K, gq)
-        _store_tile(gkt_t, c, hv, HV, K, C, gkt)
-    dec = tl.exp2(tl.sum(gl)) + tl.zeros((K,), dtype=tl.float32)  # the scan decays K rows
-    dec = tl.where(f < n, float("nan"), dec)
+        _store_vec(gq_t, c, hv, HV, C, q_scale)
+        _store_vec(gkt_t, c, hv, HV, C, k_scale)
+    dec = tl.where(f < n, float("nan"), tl.exp2(tl.sum(gl)))  # the chunk's one decay
 
     # --- Gamma from one masked product; products on k and q as loaded, row scales after ------
     after = tl.where(ti > tj, tl.maximum(gl, -FLUSH_LOG2), 0.0)  # [t, j]: g_t for t > j
@@ -479,7 +482,7 @@ def _scalar_tiles(
     colblk = (tl.arange(0, C) // BS)[None, None, :]
     n3 = tl.where(colblk < blk3, a3, 0.0)
     a_diag = tl.sum(tl.reshape(tl.where(colblk == blk3, a3, 0.0), (NB, BS, NB, BS)), axis=2)
-    return a_diag, n3, beta, kg, ok, gq, aqk, gkt, dec
+    return a_diag, n3, beta, kg, ok, q_scale, aqk, k_scale, dec
 
 
 @triton.jit
@@ -528,16 +531,23 @@ def _solve_wu(a_diag, n3, beta, kg, v, C: tl.constexpr, BS: tl.constexpr,
 
 
 @triton.jit
-def _scan_step(s, w, u, gq, aqk, gkt, dec):
+def _scan_step(s, w, u, gq, aqk, gkt, dec, q_scale, k_scale, SCALAR_GATE: tl.constexpr):
     """One chunk of the recurrence on a [K, BV] fp32 state; returns (next state, output [C, BV]).
 
     Operands arrive in the tile dtype; every product accumulates in fp32, with the residual and
-    the output formed straight in the accumulator (no fp32 staging through memory).
+    the output formed straight in the accumulator (no fp32 staging through memory). With a
+    scalar gate gq and gkt are q and k^T as loaded and the [C] fp32 row scales apply to the
+    products' rows: Q*Gamma S = diag(q_scale) (Q S), and (K*Gamma')^T V' = K^T (diag(k_scale) V')
+    (a cut row's k may be NaN: its chunk's decay is NaN, so the state is NaN either way).
     """
     sd = s.to(w.dtype)
     v_new = tl.dot(w, sd, acc=u.to(tl.float32))  # U - W S  (w holds -W)
-    o = tl.dot(aqk, v_new.to(w.dtype), acc=tl.dot(gq, sd))
-    s = tl.dot(gkt, v_new.to(w.dtype), acc=s * dec[:, None])
+    if SCALAR_GATE:  # dec: the chunk's one decay
+        o = tl.dot(aqk, v_new.to(w.dtype), acc=tl.dot(gq, sd) * q_scale[:, None])
+        s = tl.dot(gkt, (v_new * k_scale[:, None]).to(w.dtype), acc=s * dec)
+    else:
+        o = tl.dot(aqk, v_new.to(w.dtype), acc=tl.dot(gq, sd))
+        s = tl.dot(gkt, v_new.to(w.dtype), acc=s * dec[:, None])
     return s, o
 
 
@@ -580,16 +590,37 @@ def _state_ptrs(base, idx, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, v
 
 
 @triton.jit
-def _load_tiles(w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, v0, load_u,
-                K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr):  # fmt: skip
-    """The stored tiles of chunk ``c``; u is the V block at ``v0`` (zeros unless ``load_u``)."""
+def _load_tiles(q, k, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, tok0, n, h, H, hv, HV, v0, load_u,
+                K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
+                SCALAR_GATE: tl.constexpr):  # fmt: skip
+    """The stored tiles of chunk ``c`` (tokens ``tok0`` on, ``n`` of them) and the row scales;
+    u is the V block at ``v0`` (zeros unless ``load_u``). With a scalar gate gq and gkt are
+    q and k^T as the caller passed them, with the prep's [C] row scales (``_scan_step``); the
+    scales are unused placeholders otherwise."""
     w = tl.load(_tile_ptrs(w_t, c, hv, HV, C, K))
     u = tl.load(_tile_ptrs(u_t, c, hv, HV, C, V, v0, BV), mask=load_u, other=0.0)
-    gq = tl.load(_tile_ptrs(gq_t, c, hv, HV, C, K))
     aqk = tl.load(_tile_ptrs(aqk_t, c, hv, HV, C, C))
-    gkt = tl.load(_tile_ptrs(gkt_t, c, hv, HV, K, C))
-    dec = tl.load(dec_t + (c * HV + hv).to(tl.int64) * K + tl.arange(0, K))
-    return w, u, gq, aqk, gkt, dec
+    if SCALAR_GATE:
+        dec = tl.load(dec_t + (c * HV + hv).to(tl.int64))  # one decay per chunk
+        gq, gkt = _raw_qk(q, k, tok0, n, h, H, K, C)
+        q_scale = tl.load(_vec_ptrs(gq_t, c, hv, HV, C))
+        k_scale = tl.load(_vec_ptrs(gkt_t, c, hv, HV, C))
+    else:
+        dec = tl.load(_vec_ptrs(dec_t, c, hv, HV, K))
+        gq = tl.load(_tile_ptrs(gq_t, c, hv, HV, C, K))
+        gkt = tl.load(_tile_ptrs(gkt_t, c, hv, HV, K, C))
+        q_scale = 0.0
+        k_scale = 0.0
+    return w, u, gq, aqk, gkt, dec, q_scale, k_scale
+
+
+@triton.jit
+def _raw_qk(q_ptr, k_ptr, tok0, n, h, H, K: tl.constexpr, C: tl.constexpr):
+    """A scalar gate's scan operands: the chunk's q [C, K] and k^T [K, C] as the caller passed
+    them (exact tensor-core operands; the prep's row scales apply to the products' rows)."""
+    q = _rows(q_ptr + h * K, tok0, n, H * K, K, C, RAW=True)
+    k = _rows(k_ptr + h * K, tok0, n, H * K, K, C, RAW=True)
+    return q, tl.trans(k)
 
 
 @triton.jit
@@ -683,19 +714,27 @@ def _recurrence(
             # the same rounding the split path's tiles get on their way through memory
             w = w.to(TILE_DT)
             u = u.to(TILE_DT)
-            gq = gq.to(TILE_DT)
             aqk = aqk.to(TILE_DT)
-            gkt = gkt.to(TILE_DT)
+            if SCALAR_GATE:  # gq, gkt hold the fp32 row scales the split scan loads
+                q_scale = gq
+                k_scale = gkt
+                gq, gkt = _raw_qk(q, k, tok0, n, h, H, K, C)
+            else:
+                gq = gq.to(TILE_DT)
+                gkt = gkt.to(TILE_DT)
+                q_scale = 0.0
+                k_scale = 0.0
         else:
-            w, u, gq, aqk, gkt, dec = _load_tiles(
-                w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, v0, True, K, V, C, BV
-            )
+            w, u, gq, aqk, gkt, dec, q_scale, k_scale = _load_tiles(
+                q, k, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, tok0, n, h, H, hv, HV, v0, True,
+                K, V, C, BV, SCALAR_GATE,
+            )  # fmt: skip
         if ABLATE_SCAN:  # case-study probe: the tile phase alone, every tile still consumed
             fold = tl.sum(w.to(tl.float32), 1) + tl.sum(gq.to(tl.float32), 1)
             fold += tl.sum(aqk.to(tl.float32), 1) + tl.sum(gkt.to(tl.float32), 0)
             out = u.to(tl.float32) + (fold + tl.sum(dec))[:, None]
         else:
-            s, out = _scan_step(s, w, u, gq, aqk, gkt, dec)
+            s, out = _scan_step(s, w, u, gq, aqk, gkt, dec, q_scale, k_scale, SCALAR_GATE)
         o_offs = (tok0 + rows).to(tl.int64)[:, None] * (HV * V) + hv * V + vcols[None, :]
         tl.store(o + o_offs, out.to(o.dtype.element_ty), mask=(rows < n)[:, None])
     if STORE_HT:
@@ -710,9 +749,15 @@ def _store_tile(t, c, hv, HV, R: tl.constexpr, S: tl.constexpr, x):
 
 
 @triton.jit
-def _store_dec(dec_t, c, hv, HV, dec, K: tl.constexpr):
-    """Store the [K] decay ``dec`` of (chunk ``c``, value head ``hv``)."""
-    tl.store(dec_t + (c * HV + hv).to(tl.int64) * K + tl.arange(0, K), dec)
+def _vec_ptrs(t, c, hv, HV, N: tl.constexpr):
+    """Pointers to the [N] vector of (chunk ``c``, value head ``hv``) in a [NC, HV, N] buffer."""
+    return t + (c * HV + hv).to(tl.int64) * N + tl.arange(0, N)
+
+
+@triton.jit
+def _store_vec(t, c, hv, HV, N: tl.constexpr, x):
+    """Store the [N] vector ``x`` (a decay, a row scale) of (chunk ``c``, value head ``hv``)."""
+    tl.store(_vec_ptrs(t, c, hv, HV, N), x)
 
 
 @triton.jit
@@ -814,30 +859,34 @@ def _prep_chunk(
             lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR, SCALAR_GATE,
             gq_t, aqk_t, gkt_t, True,
         )  # fmt: skip
-        _store_dec(dec_t, c, hv, HV, _ballast(dec, BALLAST), K)
+        if SCALAR_GATE:  # one decay per chunk, [NC, HV]
+            tl.store(dec_t + (c * HV + hv).to(tl.int64), _ballast(dec, BALLAST))
+        else:
+            _store_vec(dec_t, c, hv, HV, K, _ballast(dec, BALLAST))
         _store_tile(w_t, c, hv, HV, C, K, w)
         _store_tile(u_t, c, hv, HV, C, V, u)
 
 
 @triton.jit
 def kda_chunk_scan_kernel(
-    w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
+    q, k, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
     o, h0, ht, hs, hs_seq,
     seq_chunk, cu_seqlens,
-    T, HV, NSEG,
+    T, H, HV, NSEG,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HS: tl.constexpr,
     STATE_VK: tl.constexpr, VARLEN: tl.constexpr, SEG: tl.constexpr,
-    HS_EVERY: tl.constexpr = 1,
+    HS_EVERY: tl.constexpr = 1, SCALAR_GATE: tl.constexpr = False,
 ):  # fmt: skip
     """Split path, second kernel: the recurrence over stored tiles (one segment of it when
-    SEG > 0, h0 then holding the segments' start states)."""
+    SEG > 0, h0 then holding the segments' start states); q and k are read with a scalar gate
+    only (``_scan_step``)."""
     _recurrence(
-        None, None, None, None, None, None, None, None, None,
+        q, k, None, None, None, None, None, None, None,
         w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, o, h0, ht, hs, hs_seq, seq_chunk, cu_seqlens,
-        T, 1, HV, 1.0, 0.0, K, V, C, C, BV, 0, False, False, "ieee",
+        T, H, HV, 1.0, 0.0, K, V, C, C, BV, 0, False, False, "ieee",
         USE_H0, STORE_HT, STORE_HS, STATE_VK, VARLEN, False, w_t.dtype.element_ty, SEG, NSEG,
-        HS_EVERY=HS_EVERY,
+        HS_EVERY=HS_EVERY, SCALAR_GATE=SCALAR_GATE,
     )  # fmt: skip
 
 
@@ -869,22 +918,25 @@ def kda_chunk_fused_kernel(
 
 @triton.jit
 def kda_segment_map_kernel(
-    w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, seg_map,
+    q, k, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, seg_map,
     seq_chunk, cu_seqlens,
-    T, HV, NSEG,
+    T, H, HV, NSEG, MAP_LAST,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
-    VARLEN: tl.constexpr, SEG: tl.constexpr,
+    VARLEN: tl.constexpr, SEG: tl.constexpr, SCALAR_GATE: tl.constexpr = False,
 ):  # fmt: skip
     """Sequence-parallel scan, pass 1: the affine map S_end = M S_start + N of one segment.
 
     Runs the scan step on the augmented state [M | N] ([K, K + V], columns independent, one
     BV block per program) from [I | 0]: M's columns see u = 0, N's columns the real u.
+    A sequence's last segment is mapped only with ``MAP_LAST`` (context parallel composes a
+    whole piece): the scan runs that segment from its start state, so its map is not needed.
     """
     pid_v = tl.program_id(0)
     pid_s = tl.program_id(1)
     seg = tl.program_id(2)
     seq = pid_s // HV
     hv = pid_s % HV
+    h = hv // (HV // H)
     c0, c1, tok_start, tok_end = _seq_chunks(seq, T, seq_chunk, cu_seqlens, C, VARLEN)
     n_seg = tl.cdiv(c1 - c0, SEG)
     col0 = pid_v * BV
@@ -892,15 +944,18 @@ def kda_segment_map_kernel(
     v0 = tl.maximum(col0 - K, 0)
     cols = col0 + tl.arange(0, BV)
     s = tl.where((tl.arange(0, K)[:, None] == cols[None, :]), 1.0, 0.0)
+    needed = (seg < tl.minimum(n_seg, NSEG) - 1) | (MAP_LAST != 0)
     first = c0 + seg * SEG
-    for c in tl.range(first, tl.minimum(c1, first + SEG)):
-        w, u, gq, aqk, gkt, dec = _load_tiles(
-            w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, hv, HV, v0, is_n, K, V, C, BV
-        )
-        s, out = _scan_step(s, w, u, gq, aqk, gkt, dec)  # out unused: dead code
+    for c in tl.range(first, tl.where(needed, tl.minimum(c1, first + SEG), first)):
+        tok0 = tok_start + (c - c0) * C
+        w, u, gq, aqk, gkt, dec, q_scale, k_scale = _load_tiles(
+            q, k, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, c, tok0, tl.minimum(tok_end - tok0, C),
+            h, H, hv, HV, v0, is_n, K, V, C, BV, SCALAR_GATE,
+        )  # fmt: skip
+        s, out = _scan_step(s, w, u, gq, aqk, gkt, dec, q_scale, k_scale, SCALAR_GATE)  # out unused
     base = ((seq * NSEG + seg) * HV + hv).to(tl.int64) * (K * (K + V))
     offs = tl.arange(0, K)[:, None] * (K + V) + cols[None, :]
-    tl.store(seg_map + base + offs, s, mask=seg < n_seg)
+    tl.store(seg_map + base + offs, s, mask=(seg < n_seg) & needed)
 
 
 @triton.jit
@@ -930,16 +985,17 @@ def kda_segment_combine_kernel(
         s = tl.zeros((K, BV), dtype=tl.float32)
     kk = tl.arange(0, K)
     n_seg = tl.minimum(tl.cdiv(c1 - c0, SEG), NSEG)  # see _recurrence
-    if BK == K:
-        for seg in tl.range(0, n_seg):
+    if BK == K:  # the last segment's map is not needed (nor, without MAP_LAST, computed)
+        n_maps = tl.maximum(n_seg - 1, 0)
+        for seg in tl.range(0, n_maps):
             idx = (seq * NSEG + seg) * HV + hv
             tl.store(_state_ptrs(seg_start, idx, K, V, BV, v0, False), s)
             base = seg_map + idx.to(tl.int64) * (K * (K + V)) + kk[:, None] * (K + V)
             m = tl.load(base + kk[None, :])
             n = tl.load(base + K + v0 + tl.arange(0, BV)[None, :])
             s = tl.dot(m, s, acc=n, input_precision=FP32_DOT)
-        empty = c1 == c0  # no segment: the scan's segment 0 carries the initial state through
-        tl.store(_state_ptrs(seg_start, seq * NSEG * HV + hv, K, V, BV, v0, False), s, mask=empty)
+        # the last segment's start (an empty sequence's segment 0 carries the initial state)
+        tl.store(_state_ptrs(seg_start, (seq * NSEG + n_maps) * HV + hv, K, V, BV, v0, False), s)
     else:
         # segment 0's start (an empty sequence's too); the last segment's map is not needed
         tl.store(_state_ptrs(seg_start, seq * NSEG * HV + hv, K, V, BV, v0, False), s)

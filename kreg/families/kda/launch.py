@@ -219,16 +219,23 @@ def scatter_slots(pool: torch.Tensor, slots: torch.Tensor, final: torch.Tensor) 
 
 
 def run_prep(call: Call, tile, tables):
-    """The prep kernel alone: returns the tiles (w, u, gq, aqk, gkt, dec), chunk-major."""
+    """The prep kernel alone: returns the tiles (w, u, gq, aqk, gkt, dec), chunk-major; a
+    scalar gate's gq and gkt are [NC, HV, C] fp32 row scales and dec one decay per chunk
+    [NC, HV] (kernels._scan_step)."""
     seq_chunk, chunk_seq, nc = tables
     HV, K, V, C = call.v.shape[2], call.k.shape[-1], call.v.shape[-1], tile.chunk
     dev, dt = call.q.device, call.q.dtype
     w = torch.empty((nc, HV, C, K), dtype=dt, device=dev)
-    gq = torch.empty_like(w)
     u = torch.empty((nc, HV, C, V), dtype=dt, device=dev)
     aqk = torch.empty((nc, HV, C, C), dtype=dt, device=dev)
-    gkt = torch.empty((nc, HV, K, C), dtype=dt, device=dev)
-    dec = torch.empty((nc, HV, K), dtype=torch.float32, device=dev)
+    if tile.scalar_gate:
+        gq = torch.empty((nc, HV, C), dtype=torch.float32, device=dev)
+        gkt = torch.empty_like(gq)
+        dec = torch.empty((nc, HV), dtype=torch.float32, device=dev)
+    else:
+        gq = torch.empty_like(w)
+        gkt = torch.empty((nc, HV, K, C), dtype=dt, device=dev)
+        dec = torch.empty((nc, HV, K), dtype=torch.float32, device=dev)
     args = (*_inputs(call), *run_pairs(call, tile, tables), w, u, gq, aqk, gkt, dec, chunk_seq,
             seq_chunk, call.cu_seqlens)  # fmt: skip
     _launch(prep_launch(tile), (_n_states(call) if tile.looped else nc, HV), *args,
@@ -252,15 +259,16 @@ def run_scan(call: Call, tile, scan, tables, tiles, seg_map=None):
         h0 = segment_starts(call, seg_map, scan, seq_chunk, n_states, tile.fp32_dot)
     _launch(
         scan_launch(scan), (V // scan.block_v, n_states * HV, scalars["NSEG"]),
-        *tiles, o, h0, ht, hs, _chunk_state_table(call, scan), seq_chunk, call.cu_seqlens,
+        *_qk(call, scan), *tiles, o, h0, ht, hs, _chunk_state_table(call, scan), seq_chunk, call.cu_seqlens,
         **scalars,
     )  # fmt: skip
     return o, ht, hs
 
 
-def segment_maps(call: Call, tiles, scan, seq_chunk, n_states: int):
+def segment_maps(call: Call, tiles, scan, seq_chunk, n_states: int, map_last: bool = False):
     """Sequence-parallel scan, pass 1: each segment's affine map [M | N], as
-    [n_states, NSEG, HV, K, K + V] fp32 (entries past a sequence's segments are not written).
+    [n_states, NSEG, HV, K, K + V] fp32 (entries past a sequence's segments are not written,
+    nor its last segment's unless ``map_last``: the scan needs none of those).
     ``seq_chunk`` and ``call.cu_seqlens`` may start at any sequence (the first ``n_states``
     from there are mapped)."""
     HV, K, V = call.v.shape[2], call.k.shape[-1], call.v.shape[-1]
@@ -272,7 +280,8 @@ def segment_maps(call: Call, tiles, scan, seq_chunk, n_states: int):
                           device=call.q.device)  # fmt: skip
     _launch(
         segment_map_launch(scan), ((K + V) // scan.block_v, n_states * HV, n_seg),
-        *tiles, seg_map, seq_chunk, call.cu_seqlens, **scalars,
+        *_qk(call, scan), *tiles, seg_map, seq_chunk, call.cu_seqlens, **scalars,
+        MAP_LAST=int(map_last),
     )  # fmt: skip
     return seg_map
 
@@ -282,19 +291,26 @@ def segment_starts(call: Call, seg_map, scan, seq_chunk, n_states: int, fp32_dot
     Returns the start states [N, NSEG, HV, K, V] fp32."""
     HV, V = call.v.shape[2], call.v.shape[-1]
     starts = torch.empty((*seg_map.shape[:-1], V), dtype=torch.float32, device=call.q.device)
+    scalars = _scan_scalars(call, scan.chunk, scan.segment_chunks)
     _launch(
         segment_combine_launch(scan, fp32_dot), (V // scan.block_v, n_states * HV),
         seg_map, starts, call.initial_state, seq_chunk, call.cu_seqlens,
-        **(_scan_scalars(call, scan.chunk, scan.segment_chunks) | {"NSEG": seg_map.shape[1]}),
+        T=scalars["T"], HV=scalars["HV"], NSEG=seg_map.shape[1],  # it reads no token rows: no H
     )  # fmt: skip
     return starts
+
+
+def _qk(call: Call, scan) -> tuple:
+    """q and k for the scan side: a scalar gate's scan forms gq and gkt from them."""
+    return (call.q, call.k) if scan.scalar_gate else (None, None)
 
 
 def _scan_scalars(call: Call, chunk: int, segment_chunks: int) -> dict:
     """The scan kernels' scalars, NSEG planned for ``call.longest``, not the packed length,
     which gives every sequence as many segments as all of them together hold (one
     30,000-token sequence among 20 short ones: 21 each instead of 15)."""
-    return scan_scalars(call.q.shape[1], call.v.shape[2], chunk, segment_chunks, call.longest)
+    return scan_scalars(call.q.shape[1], call.q.shape[2], call.v.shape[2], chunk, segment_chunks,
+                        call.longest)  # fmt: skip
 
 
 def run_fused(call: Call, spec):

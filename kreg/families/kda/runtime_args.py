@@ -56,11 +56,11 @@ def tile_scalars(T: int, H: int, HV: int, scale: float, lower_bound: float) -> d
 
 
 def scan_scalars(
-    T: int, HV: int, chunk: int, segment_chunks: int, longest: int | None = None
+    T: int, H: int, HV: int, chunk: int, segment_chunks: int, longest: int | None = None
 ) -> dict:
     """Runtime scalars of the scan, segment map and segment combine kernels; ``longest``: the
     longest sequence's tokens where known (varlen), which NSEG is planned for."""
-    return dict(T=T, HV=HV, NSEG=segment_count(longest or T, chunk, segment_chunks))
+    return dict(T=T, H=H, HV=HV, NSEG=segment_count(longest or T, chunk, segment_chunks))
 
 
 def tile_scalars_of(shape: LaunchShape) -> dict:
@@ -91,3 +91,8 @@ def scan_absent(scan, *, h0_is_segment_starts: bool) -> dict:
     if not (scan.output_chunk_states and scan.varlen and scan.chunk_states_every > 1):
         out["hs_seq"] = None  # only varlen subsampled chunk states need the row table
     return out
+
+
+def scan_qk_absent(scan) -> dict:
+    """The scan and segment map read q and k with a scalar gate only (launch._qk)."""
+    return {} if scan.scalar_gate else dict.fromkeys(("q", "k"))

@@ -128,6 +128,9 @@ class KdaScanSpec:
     chunk_states_dtype: str = "fp32"
     state_layout: str = "kv"
     varlen: bool = False
+    # one gate per token and value head (GDN): the prep stores q's and k's row scales, not the
+    # tiles gq and gkt, and the scan reads q and k (kernels._scan_step)
+    scalar_gate: bool = False
 
     @property
     def chunk_states_every(self) -> int:
@@ -411,9 +414,9 @@ def bitwise_pair(fused: KdaChunkFusedSpec) -> KdaSplitSpec:
 
 def _pairing_rule(t: KdaTileSpec, s: KdaScanSpec) -> Verdict:
     return Verdict.check(
-        ((t.head_dim_k, t.head_dim_v, t.dtype, t.chunk, t.varlen)
-         == (s.head_dim_k, s.head_dim_v, s.dtype, s.chunk, s.varlen),
-         "tile and scan specs disagree on head dims, dtype, chunk or varlen"),
+        ((t.head_dim_k, t.head_dim_v, t.dtype, t.chunk, t.varlen, t.scalar_gate)
+         == (s.head_dim_k, s.head_dim_v, s.dtype, s.chunk, s.varlen, s.scalar_gate),
+         "tile and scan specs disagree on head dims, dtype, chunk, varlen or scalar_gate"),
     )  # fmt: skip
 
 
@@ -425,11 +428,10 @@ def _problem_fields(problem) -> tuple[dict, dict]:
     shape = dict(
         head_dim_k=padded_head_dim(problem.head_dim_k),
         head_dim_v=padded_head_dim(problem.head_dim_v), dtype=problem.dtype,
-        varlen=problem.varlen,
+        varlen=problem.varlen, scalar_gate=problem.gate == "scalar",
     )  # fmt: skip
     tile = dict(
-        gate_activation=problem.gate_activation, scalar_gate=problem.gate == "scalar",
-        qk_l2norm=problem.qk_l2norm,
+        gate_activation=problem.gate_activation, qk_l2norm=problem.qk_l2norm,
         beta_sigmoid=problem.beta_sigmoid,
     )  # fmt: skip
     scan = dict(
