@@ -246,10 +246,12 @@ def test_scan_admissions():
 def test_pairing_rule():
     tile = S.KdaTileSpec(chunk=16)
     for scan in (S.KdaScanSpec(chunk=32), S.KdaScanSpec(chunk=16, dtype="fp16"),
-                 S.KdaScanSpec(chunk=16, varlen=True),
+                 S.KdaScanSpec(chunk=16, varlen=True), S.KdaScanSpec(chunk=16, scalar_gate=True),
                  S.KdaScanSpec(head_dim_k=64, head_dim_v=64, chunk=16)):  # fmt: skip
         text = reasons_of(S.is_valid_split_spec(S.KdaSplitSpec(tile, scan), SM90))
-        assert "tile and scan specs disagree on head dims, dtype, chunk or varlen" in text
+        assert (
+            "tile and scan specs disagree on head dims, dtype, chunk, varlen or scalar_gate" in text
+        )
     assert S.is_valid_split_spec(S.KdaSplitSpec(tile, S.KdaScanSpec(chunk=16)), SM90).ok
 
 
