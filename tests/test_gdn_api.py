@@ -47,6 +47,21 @@ def test_scalar_gate_parameters_are_per_head():
         gdn_prefill(q, k, v, g, beta, gate_activation="softplus", A_log=torch.zeros(HV + 1))
 
 
+def test_the_scalar_gate_scan_runs_unpipelined_and_kda_keeps_its_pipelines():
+    """GDN's scan (q and k read in it) measured fastest at one stage (plugin.
+    SCALAR_SCAN_STAGE_UNITS); the tie-break must not touch KDA's choices."""
+    d = 128  # Qwen3-Next's head dim, where it was measured
+    for T, seqs in ((8192, 1), (4096, 1), (8192, 7)):
+        scalar = LinearAttentionProblem(1, T, 16, 32, d, d, gate="scalar",
+                                        gate_activation="softplus", qk_l2norm=True,
+                                        varlen=seqs > 1, num_seqs=seqs)  # fmt: skip
+        sel = select(scalar, "sm90")
+        assert sel.candidate.name == "gdn.split" and sel.spec.scan.num_stages == 1, sel.spec
+        assert sel.spec.tile.chunk == 32  # not the single-stage chunk 64 the rules refuse
+    channel = LinearAttentionProblem(1, 8192, 32, 32, d, d)
+    assert select(channel, "sm90").spec.scan.num_stages > 1
+
+
 def test_short_algorithm_names_resolve_to_the_family_that_takes_the_problem():
     scalar = LinearAttentionProblem(B, 4096, H, HV, K, K, gate="scalar")
     channel = LinearAttentionProblem(B, 4096, H, HV, K, K)

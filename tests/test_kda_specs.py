@@ -214,6 +214,7 @@ SCAN_REJECTIONS = [
     ("chunk", dict(chunk=48), "chunk=48 not in"),
     ("head_dim", dict(head_dim_k=96), "head_dim_k=96 not in supported"),
     ("segment_chunks", dict(segment_chunks=-1), "segment_chunks=-1 must be >= 0"),
+    ("single_stage_chunk64", dict(chunk=64, num_stages=1), "num_stages=1 at chunk=64: a single"),
     (
         "combine_too_big",
         dict(head_dim_k=256, head_dim_v=256, block_v=256, segment_chunks=16),
@@ -232,6 +233,8 @@ def test_scan_rejections(changes, fragment):
 def test_scan_admissions():
     assert S.is_valid_scan_spec(S.KdaScanSpec(chunk=16, block_v=64), SM90).ok
     assert S.is_valid_scan_spec(S.KdaScanSpec(chunk=16, block_v=64, num_stages=1), GFX950).ok
+    assert S.is_valid_scan_spec(S.KdaScanSpec(chunk=32, block_v=64, num_stages=1), SM90).ok
+    assert S.is_valid_scan_spec(S.KdaScanSpec(chunk=64, block_v=32, num_stages=1), GFX950).ok
     assert S.is_valid_scan_spec(S.KdaScanSpec(chunk=16, block_v=64, segment_chunks=16), SM90).ok
     small = S.KdaScanSpec(head_dim_k=32, head_dim_v=32, chunk=16, block_v=32)
     assert S.is_valid_scan_spec(small, GFX942).ok

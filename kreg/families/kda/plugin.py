@@ -49,6 +49,14 @@ def accepts(problem: LinearAttentionProblem) -> Verdict:
 # step measured at block_v / V = 1/4 (docs/kda/SPEED.md), i.e. 1.25 units.
 SPLIT_FIXED_US = 2 * recurrent.LAUNCH_US + 4.0
 SPLIT_UNIT_US = 1.3
+# The chains above do not tell the scan's pipelines apart. With a scalar gate (GDN: q and k read
+# in the scan, kernels._scan_step) a second stage costs: on one H100 (2026-12-07,
+# benchmarks/gdn_scan_specs.py, K = V = 128, chunk 32) the single-stage scan side was faster in
+# 11 of the 12 (V block, segments) pairs timed at 1x8192 H16/HV32 and on a varlen batch of seven,
+# by 19-25 % at 64-column V blocks (0.353 against 0.446 ms at 64-chunk segments; 0.270 against
+# 0.335 without), where the two-stage build spills 36 B per thread on sm90. A tie-breaker only:
+# smaller than any difference in waves or steps.
+SCALAR_SCAN_STAGE_UNITS = 0.05
 
 
 def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target) -> float:
@@ -82,6 +90,8 @@ def split_cost(spec: specs.KdaSplitSpec, problem: LinearAttentionProblem, target
     width = scan.block_v / scan.head_dim_v  # the padded V the kernels run
     # one cost for both anchors: the safe anchor's pairwise diagonal is in the tuning's timings
     units = waves * steps * (1.0 + width) + 0.01 * spec.tile.num_warps
+    if scan.scalar_gate:  # the tie between pipelines, broken as measured (SCALAR_SCAN_STAGE_UNITS)
+        units += SCALAR_SCAN_STAGE_UNITS * (scan.num_stages - 1)
     # microseconds, as recurrent's, with the same state traffic; a pool's slots are gathered
     # into a buffer and scattered back (launch.gather_slots): about two more passes, two launches
     pool_us = (
