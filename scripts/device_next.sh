@@ -20,6 +20,10 @@
 #       earlier commit unpacked in BASE (label base; make it here with
 #       `mkdir -p scratch/base && git archive REV kreg | tar -x -C scratch/base`, carry scratch):
 #       a change against its baseline in one call, on one card: $OUT/prefill_kernels.jsonl
+#   OUT=... bash scripts/device_next.sh scans SCENARIO [CASE...]
+#     - benchmarks/scan_specs.py: the scan side spec by spec over one prep's tiles (V block,
+#       stages, segments), kreg only: $OUT/scan_specs.jsonl (GDN's measured 2026-12-07:
+#       docs/gdn/scan_specs.jsonl; KDA's not yet)
 #   OUT=... bash scripts/device_next.sh host
 #     - benchmarks/kda_host_time.py (issue 23's 30 us goal): $OUT/host_time.json
 #   OUT=... bash scripts/device_next.sh sweep | grid CASE...
@@ -33,7 +37,7 @@
 #     --supersede --out docs/kda/grid` and `... validate docs/kda/grid_sweep.json --bench
 #     docs/kda/grid/results.json`.
 set -uo pipefail
-step="${1:?usage: device_next.sh gates [CASE...] | gdn | kernels SCENARIO [CASE...] | ab SCENARIO BASE [CASE...] | host | sweep | grid CASE...}"
+step="${1:?usage: device_next.sh gates [CASE...] | gdn | kernels SCENARIO [CASE...] | ab SCENARIO BASE [CASE...] | scans SCENARIO [CASE...] | host | sweep | grid CASE...}"
 shift
 source "$(dirname "$0")/gpu_env.sh"
 case "$step" in
@@ -71,6 +75,12 @@ ab)
     python3 benchmarks/prefill_kernels.py "$scenario" --label base --out "$OUT" \
     ${1:+--cases "$@"} >"$OUT/base.log" 2>&1
   ;;
+scans)
+  scenario="${1:?device_next.sh scans: name the scenario (gdn or kda)}"
+  shift
+  timeout "${SCANS_TIMEOUT:-300}" python3 benchmarks/scan_specs.py "$scenario" --out "$OUT" \
+    ${1:+--cases "$@"} >"$OUT/scans.log" 2>&1
+  ;;
 host)
   timeout "${HOST_TIMEOUT:-500}" python3 benchmarks/kda_host_time.py --out "$OUT" \
     >"$OUT/host.log" 2>&1
@@ -91,7 +101,7 @@ grid)
     >"$OUT/grid.log" 2>&1
   ;;
 *)
-  echo "device_next.sh: unknown step $step (gates | gdn | kernels | ab | host | sweep | grid)" >&2
+  echo "device_next.sh: unknown step $step (gates | gdn | kernels | ab | scans | host | sweep | grid)" >&2
   exit 2
   ;;
 esac

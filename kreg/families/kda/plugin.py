@@ -51,7 +51,7 @@ SPLIT_FIXED_US = 2 * recurrent.LAUNCH_US + 4.0
 SPLIT_UNIT_US = 1.3
 # The chains above do not tell the scan's pipelines apart. With a scalar gate (GDN: q and k read
 # in the scan, kernels._scan_step) a second stage costs: on one H100 (2026-12-07,
-# benchmarks/gdn_scan_specs.py, K = V = 128, chunk 32) the single-stage scan side was faster in
+# benchmarks/scan_specs.py gdn, K = V = 128, chunk 32) the single-stage scan side was faster in
 # 11 of the 12 (V block, segments) pairs timed at 1x8192 H16/HV32 and on a varlen batch of seven,
 # by 19-25 % at 64-column V blocks (0.353 against 0.446 ms at 64-chunk segments; 0.270 against
 # 0.335 without), where the two-stage build spills 36 B per thread on sm90. A tie-breaker only:
