@@ -28,12 +28,17 @@ TILE_SHAPES = {
     128: ((16, 16, 2), (16, 16, 4), (32, 16, 4), (32, 16, 8), (64, 16, 8)),
     256: ((16, 16, 4), (16, 16, 8), (32, 16, 8)),
 }
-# (num_warps, num_stages) of the scan worth enumerating: pipelining depth of the tile loads and
-# the warps on the dependency chain. On sm90 three stages and two warps each won at some shapes
-# (H200 probe, 2026-12-02: docs/kda/SPEED.md); AMD's LDS is smaller and was never measured.
-# One stage last (a tie keeps the earlier pipelines): GDN's scan, which reads q and k, measured
-# fastest unpipelined (plugin.SCALAR_SCAN_STAGE_UNITS).
-SCAN_PIPELINES_BY_BACKEND = {"cuda": ((4, 2), (4, 3), (2, 2), (2, 3), (4, 1)), "hip": ((4, 1),)}
+# (num_warps, num_stages, largest chunk) of the scan worth enumerating: pipelining depth of the
+# tile loads and the warps on the dependency chain. On sm90 three stages and two warps each won
+# at some shapes (H200 probe, 2026-12-02: docs/kda/SPEED.md); AMD's LDS is smaller and was never
+# measured. One stage comes last on cuda (a tie keeps the earlier pipelines): GDN's scan, which
+# reads q and k, measured fastest unpipelined (plugin.SCALAR_SCAN_STAGE_UNITS); only up to chunk
+# 32, since a hand-made single-stage chunk-64 scan faulted on an H100 (2026-12-06,
+# docs/gdn/SPEED.md; not investigated) and chunk 64's prep measured 4x slower at K = 128.
+SCAN_PIPELINES_BY_BACKEND = {
+    "cuda": ((4, 2, 64), (4, 3, 64), (2, 2, 64), (2, 3, 64), (4, 1, 32)),
+    "hip": ((4, 1, 64),),
+}
 SEGMENT_CHUNKS = (0, 16, 64)
 # The segment combine multiplies each segment's [K, K] map into the state. Up to this K it stages
 # the map whole (the kernel measured since 2026-12-02); above it, in row blocks of
@@ -232,7 +237,8 @@ def enumerate_scan_specs(target: Target) -> list[KdaScanSpec]:
         for c in CHUNKS
         if any(t[0] == c for t in TILE_SHAPES[d])
         for bv in sorted({32, min(64, d)})
-        for warps, stages in SCAN_PIPELINES_BY_BACKEND[target.backend]
+        for warps, stages, largest in SCAN_PIPELINES_BY_BACKEND[target.backend]
+        if c <= largest
         for seg in SEGMENT_CHUNKS
     ]
 
@@ -343,9 +349,6 @@ def is_valid_scan_spec(spec: KdaScanSpec, target: Target, problem=None) -> Verdi
          f"block_v={spec.block_v} must be a power of 2 in [16, head_dim_v={spec.head_dim_v}]"),
         (spec.num_warps in (1, 2, 4, 8, 16), f"num_warps={spec.num_warps} not a power of 2 <= 16"),
         (spec.num_stages >= 1, f"num_stages={spec.num_stages} must be >= 1"),
-        (not (target.backend == "cuda" and spec.num_stages == 1 and spec.chunk > 32),
-         f"num_stages=1 at chunk={spec.chunk}: a single-stage chunk-64 scan faulted with an "
-         f"illegal memory access on an H100 (2026-12-06, docs/gdn/SPEED.md; not investigated)"),
         (spec.min_occupancy >= 1, f"min_occupancy={spec.min_occupancy} must be >= 1"),
         (spec.segment_chunks >= 0, f"segment_chunks={spec.segment_chunks} must be >= 0"),
         (not spec.segment_chunks
