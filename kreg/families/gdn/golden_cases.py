@@ -1,7 +1,7 @@
 """GDN's golden IR cases: the scalar-gate kernels (prep, scan, fused, recurrence) at the
 representative Qwen3-Next head dim 128, and every option at once at head dim 64. The scan's
-scalar-gate branch reads q and k with the prep's row scales (kernels._scan_step); the segment combine is
-the one KDA's cases pin."""
+scalar-gate branch reads q and k with the prep's row scales (kernels._scan_step); the segment
+combine is the one KDA's cases pin."""
 
 from __future__ import annotations
 

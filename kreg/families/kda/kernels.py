@@ -200,9 +200,10 @@ def _chunk_tiles(
     A per-channel gate's from ``_channel_tiles``, a scalar gate's (GDN) from ``_scalar_tiles``;
     both solve T = (I + diag(beta) A)^-1 in ``_solve_wu``. A scalar gate's gq and gkt are row
     scalings of q and k: in their places come the two [C] row scales (the scan applies them to
-    the products of q and k as loaded, ``_scan_step``), and dec is one number. With ``STORE`` (the split prep) gq, aqk and gkt (or the scales) go
-    to ``gq_t``, ``aqk_t``, ``gkt_t`` as soon as each is final, before the solve, so that their
-    registers are free for it (held to the end they spilled)."""
+    the products of q and k as loaded, ``_scan_step``), and dec is one number. With ``STORE``
+    (the split prep) gq, aqk and gkt (or the scales) go to ``gq_t``, ``aqk_t``, ``gkt_t`` as
+    soon as each is final, before the solve, so that their registers are free for it (held to
+    the end they spilled)."""
     if SCALAR_GATE:
         a_diag, n3, beta, kg, ok, gq, aqk, gkt, dec = _scalar_tiles(
             q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, tok0, n, h, hv, H, HV,
@@ -394,8 +395,8 @@ def _scalar_tiles(
     """A scalar gate's (GDN) tiles of one chunk, but for the solve: (a_diag, n3, beta, kg, ok,
     q_scale, aqk, k_scale, dec), A split by sub-blocks as ``_solve_wu`` takes it, ``ok`` the
     rows before the cut, aqk and dec final, gq and gkt as the [C] row scales ``_scan_step``
-    applies to the products of q and k, dec one number. ``STORE`` as ``_chunk_tiles`` (at chunk 64
-    the three tiles held to the end spilled 444 B).
+    applies to the products of q and k, dec one number. ``STORE`` as ``_chunk_tiles`` (at
+    chunk 64 the three tiles held to the end spilled 444 B).
 
     A pair's decay is one number, so A = (K K^T) * Gamma and Aqk = (Q K^T) * Gamma over the
     whole chunk, K K^T and Q K^T one tensor-core product each on k and q as loaded (exact
