@@ -74,8 +74,10 @@ def measure(scenario: str, bench_cases, device="cuda", timer=None):
         call, tables = launch.chunk_tables(call, chosen.tile.chunk)
         tiles = launch.run_prep(call, chosen.tile, tables)
         ref = launch.run_scan(call, chosen.tile, chosen.scan, tables, tiles)[0].float()
-        for values in itertools.product(*VARIANTS.values()):
-            changes = dict(zip(VARIANTS, values, strict=True))
+        # the dispatcher's own values join the variants (KDA's scan runs three stages)
+        axes = {f: sorted({*vals, getattr(chosen.scan, f)}) for f, vals in VARIANTS.items()}
+        for values in itertools.product(*axes.values()):
+            changes = dict(zip(axes, values, strict=True))
             scan = attrs.evolve(chosen.scan, **changes)
             if not specs.is_valid_scan_spec(scan, target, problem).ok:
                 continue
