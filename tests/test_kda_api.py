@@ -675,3 +675,19 @@ def test_a_strided_pool_is_refused_before_launch(no_launch):
         call(make(B=2), initial_state=pool, initial_state_indices=torch.tensor([0, 1]))
     with pytest.raises(Launched):  # the same pool, contiguous, reaches the launch
         call(make(B=2), initial_state=pool.contiguous(), initial_state_indices=torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize("shape,fill", [((2, 3, 4, 128), 0.0), ((3, 2, 128, 64), 0.0),
+                                        ((4, 128), float("-inf"))])  # fmt: skip
+def test_padded_copy_is_the_input_in_the_corner_and_fill_elsewhere(shape, fill):
+    """The padding copy fills only the padding; every byte of the result is the input's or the
+    fill (a mutation that skips a padded dim's fill leaves uninitialised memory: caught)."""
+    small = tuple(max(1, n - 37) if n >= 64 else n for n in shape)
+    x = torch.randn(*small[::-1]).T if len(small) == 2 else torch.randn(*small)  # strided too
+    for _ in range(3):  # fresh allocations may reuse memory holding anything
+        torch.full(shape, float("nan")).sum()
+        out = api._padded_copy(x, shape, fill)
+        ref = torch.full(shape, fill)
+        ref[tuple(slice(0, n) for n in x.shape)] = x
+        assert out.shape == shape and out.is_contiguous()
+        assert torch.equal(out, ref)

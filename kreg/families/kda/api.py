@@ -738,9 +738,13 @@ def _device_slots(indices: torch.Tensor) -> torch.Tensor:
 
 
 def _padded_copy(x: torch.Tensor, shape, fill: float = 0.0) -> torch.Tensor:
-    """``x`` in the leading corner of a new contiguous ``shape`` tensor filled with ``fill``."""
-    out = x.new_full(shape, fill)
+    """``x`` in the leading corner of a new contiguous ``shape`` tensor filled with ``fill``.
+    Only the padding is filled (a whole-buffer fill before the copy wrote every byte twice)."""
+    out = x.new_empty(shape)
     out[tuple(slice(0, n) for n in x.shape)].copy_(x)
+    for dim, (n, m) in enumerate(zip(x.shape, shape, strict=True)):
+        if n < m:
+            out[(slice(None),) * dim + (slice(n, m),)].fill_(fill)
     return out
 
 
