@@ -547,6 +547,8 @@ def test_merge_supersede_keeps_the_last_measurement_and_says_so():
     assert m["superseded"] == [{"case": "y", "measured": "d1", "replaced_by": "d2"}]
     assert "**Re-measured**" in bench.markdown(m) and "y (d1 → d2)" in bench.markdown(m)
     assert "superseded" not in bench.merge_results([a, _part_results(["z"])], supersede=True)
+    assert "**Runs merged**: d1 (2 cases), d2 (2 cases)" in bench.markdown(m)
+    assert "Runs merged" not in bench.markdown(a)  # one run: its date heads the page
 
 
 def test_roles_predict_only_at_head_dims_their_sweep_measured(target):

@@ -204,6 +204,11 @@ def markdown(results: dict, plot_name: str | None = None) -> str:
         + "."
     )
     lines.append("")
+    if len(results.get("parts", ())) > 1:  # merge_results: runs of one machine kind and software
+        lines += ["**Runs merged**: " + ", ".join(
+            f"{p.get('date', '?')} ({p.get('cases', '?')} cases)" for p in results["parts"]
+        ) + "; each case's rows come from one run (the first part's date heads the page).",
+                  ""]  # fmt: skip
     if results.get("not_measured"):
         lines += [f"**Deadline reached**: {len(results['not_measured'])} cases not measured "
                   f"({', '.join(results['not_measured'])}).", ""]  # fmt: skip
