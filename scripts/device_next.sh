@@ -9,7 +9,7 @@
 #       fla in the same run: $OUT/gates.md, $OUT/gates.json (-> docs/kda/quick/, GATES.md)
 #   OUT=... bash scripts/device_next.sh gdn
 #     - the GDN GPU tests, the host-path ones and JIT = AOT: $OUT/tests.log
-#     - `kreg bench gdn --quick` (its eight cases, fla in the same run): $OUT/gdn.md, $OUT/gdn.json
+#     - `kreg bench gdn --quick` (its twelve cases, four held out; fla in the same run): $OUT/gdn.md, $OUT/gdn.json
 #       (-> docs/gdn/results.json, then `kreg bench --render docs/gdn/results.json --out docs/gdn`)
 #   OUT=... bash scripts/device_next.sh kernels SCENARIO [CASE...]
 #     - benchmarks/prefill_kernels.py: each kreg kernel's time beside the call's, fla's total in
@@ -54,8 +54,8 @@ gdn)
   timeout "${TESTS_TIMEOUT:-150}" python3 -m pytest -m gpu -q -rf -n 8 -p no:cacheprovider \
     tests/test_gdn_gpu.py tests/test_kda_hostpath_gpu.py tests/test_jit_equals_aot.py \
     >"$OUT/tests.log" 2>&1
-  timeout "${GDN_TIMEOUT:-400}" python3 -m kreg bench gdn --quick --no-progress --workers 14 \
-    --deadline-s "${GDN_DEADLINE:-370}" --out /tmp/gdn >"$OUT/gdn.log" 2>&1
+  timeout "${GDN_TIMEOUT:-480}" python3 -m kreg bench gdn --quick --no-progress --workers 14 \
+    --deadline-s "${GDN_DEADLINE:-450}" --out /tmp/gdn >"$OUT/gdn.log" 2>&1
   cp /tmp/gdn/RESULTS.md "$OUT/gdn.md"
   cp /tmp/gdn/results.json "$OUT/gdn.json"
   ;;

@@ -60,12 +60,14 @@ def test_scenarios_register_under_gdn():
 def test_prefill_cases():
     cases = gdn.cases()
     names = [c.name for c in cases]
-    assert len(names) == len(set(names)) and len(cases) <= 8
+    assert len(names) == len(set(names)) and len(cases) <= 12
     shapes = {(c.params["B"], c.params["T"], c.params["H"], c.params["HV"],
                tuple(c.params["lengths"] or ())) for c in cases}  # fmt: skip
-    lengths = gdn.VARLEN_LENGTHS
+    lengths, engine = gdn.VARLEN_LENGTHS, gdn.ENGINE_LENGTHS
     assert shapes == {(1, 4096, 16, 32, ()), (1, 8192, 16, 32, ()), (4, 8192, 16, 32, ()),
-                      (1, 8192, 16, 32, lengths), (1, 8192, 32, 32, ())}  # fmt: skip
+                      (1, 8192, 16, 32, lengths), (1, 8192, 32, 32, ()),
+                      (1, 2048, 16, 32, ()), (1, 32768, 16, 32, ()), (1, 8192, 4, 8, ()),
+                      (1, sum(engine), 16, 32, engine)}  # fmt: skip
     assert len(lengths) == 7 and sum(lengths) == 8192 and len(set(lengths)) == 7
     assert any(n % 64 for n in lengths)  # sequences that end inside a chunk
     assert {c.params["regime"] for c in cases} == set(gdn.REGIMES)
@@ -83,7 +85,11 @@ def test_prefill_cases():
     seeds = {c.name.rsplit("-", 1)[0]: c.params["seed"] for c in cases}
     assert all(c.params["seed"] == seeds[c.name.rsplit("-", 1)[0]] for c in cases)
     # fla autotunes per class in the measuring process: few of them keep the run short
-    assert len({gdn.fla_class(c.params) for c in cases}) <= 4
+    assert len({gdn.fla_class(c.params) for c in cases}) <= 5
+    heldout = bench.filter_cases(cases, ["heldout"])
+    assert {(c.params["T"], c.params["H"], c.params["HV"]) for c in heldout} >= {
+        (2048, 16, 32), (32768, 16, 32), (8192, 4, 8)}  # fmt: skip
+    assert any(c.params["lengths"] and 1 in c.params["lengths"] for c in heldout)
     assert bench.filter_cases(cases, ["anchor"]) == [c for c in cases if c.params["H"] == 32]
 
 
@@ -346,7 +352,7 @@ def test_compile_plan():
     peers = [(case, n) for case, names in jobs for n in names if n in ("fla", "flashinfer")]
     assert sorted(gdn.fla_class(c.params) for c, n in peers if n == "fla") == sorted(
         {gdn.fla_class(c.params) for c in cases})  # fmt: skip
-    assert len([1 for _, n in peers if n == "flashinfer"]) == 2  # H = 16 and 32
+    assert len([1 for _, n in peers if n == "flashinfer"]) == 3  # H = 4, 16 and 32
     first_kreg = next(i for i, (_, names) in enumerate(jobs) if "kreg.split" in names)
     assert all(n in ("fla", "flashinfer") for _, names in jobs[:first_kreg] for n in names)
     warmed = set()
