@@ -19,6 +19,7 @@ import torch
 from kreg.dispatch import select
 from kreg.families.kda import api, launch
 from kreg.families.kda.plugin import FUSED_OPT_IN_REASON
+from kreg.families.kda.specs import reads_caller_dims
 from kreg.problems import LinearAttentionProblem
 
 
@@ -614,16 +615,18 @@ def test_every_kda_candidate_runs_its_own_launcher(no_launch):
                      "kda.fused": "run_fused"}  # fmt: skip
 
 
-@pytest.mark.parametrize("pad", [False, True])
-def test_run_selection_goes_through_the_candidate_not_its_name(pad, monkeypatch):
-    """A candidate renamed and given another ``run`` is run as it is (no switch on names), and
-    its outputs come back at the caller's head dims."""
+@pytest.mark.parametrize("pad,algorithm", [(False, "auto"), (True, "kda.split"),
+                                           (True, "kda.recurrent")])  # fmt: skip
+def test_run_selection_goes_through_the_candidate_not_its_name(pad, algorithm, monkeypatch):
+    """A candidate renamed and given another ``run`` is run as it is (no switch on names), on
+    the caller's tensors (masked tiles) or their zero-padded copies, and its outputs come back
+    at the caller's head dims."""
     import attrs
 
     monkeypatch.setattr(api, "interpreting", lambda: True)  # CPU tensors pass the device check
     args = make(K=24, V=24) if pad else make()
     problem, prepared = api._prepare(**args, output_final_state=True)
-    sel = select(problem, "sm90")
+    sel = select(problem, "sm90", algorithm=algorithm)
     seen = []
 
     def run(call, spec):
@@ -633,7 +636,14 @@ def test_run_selection_goes_through_the_candidate_not_its_name(pad, monkeypatch)
 
     renamed = attrs.evolve(sel.candidate, name="elsewhere.other", run=run)
     o, ht = api.run_selection(attrs.evolve(sel, candidate=renamed), prepared, problem)
-    assert seen == [(prepared, sel.spec)]
+    [(call, spec)] = seen
+    assert spec == sel.spec
+    assert reads_caller_dims(spec) == (pad and algorithm == "kda.split")
+    if reads_caller_dims(spec) or not pad:
+        assert call is prepared  # the caller's tensors as prepared
+    else:  # a spec without masked tiles runs on zero-padded copies
+        assert (call.k.shape[-1], call.v.shape[-1]) == (32, 32)
+        assert torch.equal(call.v[..., :24], prepared.v) and not call.v[..., 24:].any()
     assert o.shape == args["v"].shape and ht.shape[-2:] == (problem.head_dim_k, problem.head_dim_v)
 
 

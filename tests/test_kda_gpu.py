@@ -156,14 +156,15 @@ def test_accuracy_vs_float64_loop(B, T, H, HV, record_property):
 
 
 @pytest.mark.parametrize("bound", [None, -5.0], ids=["safe", "block"])
-def test_split_equals_fused_bitwise(bound):
+@pytest.mark.parametrize("K,V", [(128, 128), (96, 80)], ids=["d128", "masked-k96-v80"])
+def test_split_equals_fused_bitwise(bound, K, V):
     """The dispatcher's fused spec and its bitwise pair among split specs (the scan at the fused
-    kernel's V width and warps): equal bit for bit; the dispatcher's own split spec (V split
-    into blocks) agrees within rounding."""
+    kernel's V width and warps): equal bit for bit, at the kernels' head dims and with masked
+    tiles; the dispatcher's own split spec (V split into blocks) agrees within rounding."""
     from kreg.families.kda.specs import bitwise_pair
 
-    x = make(2, 8192, 16, seed=3)
-    h0 = initial_state(2, 16)
+    x = make(2, 8192, 16, K=K, V=V, seed=3)
+    h0 = initial_state(2, 16, K, V)
     kw = dict(initial_state=h0, output_final_state=True, output_chunk_states=True,
               gate_lower_bound=bound)  # fmt: skip
     problem, call = api._prepare(**x, **{**_PREPARE_DEFAULTS, **kw})
@@ -439,8 +440,8 @@ def test_custom_op_under_torch_compile_inductor():
 
 @pytest.mark.parametrize("K,V", [(100, 100), (60, 12), (16, 256)])
 def test_padded_head_dims_vs_float64_and_hand_padding(K, V, record_property):
-    """fla's test dims run zero-padded (api._pad_inputs): within the float64 budget, and bit
-    for bit the run on inputs padded by hand."""
+    """fla's test dims, read through masked tiles: within the float64 budget, and bit for bit
+    the run on inputs padded by hand."""
     from kreg.families.kda.specs import padded_head_dim
 
     B, T, H = 2, 1500, 4

@@ -1,8 +1,10 @@
-"""Head dims the kernels lack (any K, V <= 256) under the Triton interpreter: ``kda_prefill``
-zero-pads them to the next kernel head dim (``api._pad_inputs``, whose note says why that is
-exact). Checked here: the real-dim results match the float64 oracles at fla's own test dims
-(12, 16, 60, 100) with T not a multiple of the chunk; they equal, bit for bit, a run on inputs
-padded by hand; and that hand-padded run's padded state rows, columns and outputs are exactly 0.
+"""Head dims the kernels lack (any K, V <= 256) under the Triton interpreter: the chunked paths
+read the caller's tensors through column masks into tiles of the next kernel head dim (masked
+tiles), the recurrent step runs on zero-padded copies (``api._pad_inputs``; the note there says
+why both are exact). Checked here: the real-dim results match the float64 oracles at fla's own
+test dims (12, 16, 60, 100) with T not a multiple of the chunk; split and fused runs equal, bit
+for bit, a run on inputs padded by hand; and that hand-padded run's padded state rows, columns
+and outputs are exactly 0.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 from kreg.dispatch import select
 from kreg.families.kda import api
 from kreg.families.kda.oracles import gate_sigmoid_bound, gate_softplus
-from kreg.families.kda.specs import padded_head_dim
+from kreg.families.kda.specs import padded_head_dim, padded_spec, reads_caller_dims
 from kreg.registry.interpreter import interpreting
 
 pytestmark = pytest.mark.skipif(
@@ -80,23 +82,33 @@ def _by_hand(x, K, V, h0, layout, dt_bias):
     return y, extra
 
 
-# (K, V, layout, gate options): the large A_log makes a padded column's softplus(0) decay
-# leave the block anchor's span within a few rows, so a padding that got the dt_bias wrong would
-# send rows down the safe anchor's other path and differ in the last bits
+# (K, V, layout, gate options). A padded channel's gate reaches no output (its k and q are 0),
+# so the gate options check that the activation is served at odd K (the slices of the pairs
+# kernel end inside a slice at K = 60 and 100), and the hand-padded run below that its padded
+# gate is -0.0 (dt_bias -inf there, as the masked kernels read it)
 CASES = {
     "k12_v100_kv": (12, 100, "kv", dict()),
     "k100_v12_vk_l2": (100, 12, "vk", dict(use_qk_l2norm=True, use_beta_sigmoid=True)),
     "k60_v16_softplus": (60, 16, "kv", dict(gate_activation="softplus")),
     "k16_v60_sigmoid_bound": (16, 60, "vk", dict(gate_activation="sigmoid_bound",
                                                  gate_lower_bound=-5.0)),
+    # K and V padded to one size: the fused kernel's too (it holds all of V, as wide as K)
+    "k100_v72_softplus": (100, 72, "kv", dict(gate_activation="softplus")),
 }  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=numerics.NON_FINITE_EXPECTED) if CASES[n][3] else n for n in CASES],
-)
-def test_padded_run_equals_the_hand_padded_run_bitwise(name):
+def _runs():
+    for name, (K, V, _, opts) in CASES.items():
+        marks = [numerics.NON_FINITE_EXPECTED] if opts else []
+        algorithms = ["kda.split"]
+        if padded_head_dim(K) == padded_head_dim(V):
+            algorithms.append("kda.fused")
+        for algorithm in algorithms:
+            yield pytest.param(name, algorithm, marks=marks, id=f"{name}-{algorithm}")
+
+
+@pytest.mark.parametrize("name,algorithm", list(_runs()))
+def test_masked_run_equals_the_hand_padded_run_bitwise(name, algorithm):
     K, V, layout, opts = CASES[name]
     x = numerics.make(T=70, H=1, HV=HV, K=K, V=V, dtype=FP32, seed=9)
     h0 = numerics.state(1, HV, K, V)
@@ -108,17 +120,20 @@ def test_padded_run_equals_the_hand_padded_run_bitwise(name):
         x["g"] = torch.randn(x["g"].shape, generator=torch.Generator().manual_seed(2)) - 6.0
         A_log, dt_bias = _gate_params(K, a_shift=3.0)
         gate = dict(A_log=A_log, dt_bias=dt_bias)
-    kw = dict(output_final_state=True, output_chunk_states=True, state_layout=layout, **opts)
+    kw = dict(output_final_state=True, output_chunk_states=True, state_layout=layout,
+              algorithm=algorithm, allow_opt_in=True, **opts)  # fmt: skip
     o, ht, hs = api.kda_prefill(**x, initial_state=h0, **kw, **gate)
     y, extra = _by_hand(x, K, V, h0, layout, gate.get("dt_bias"))
     kw["scale"] = K**-0.5  # the real K's default
     po, pht, phs = api.kda_prefill(**y, **kw, **{**gate, **extra})
 
-    # the same spec serves both (the padded dims decide it)
+    # the same spec serves both (the padded dims decide it), the real dims' with masked tiles
     p_real, _ = api._prepare(**_prepare_args(x, initial_state=h0, **kw, **gate))
     p_pad, _ = api._prepare(**_prepare_args(y, **kw, **{**gate, **extra}))
     assert (p_real.head_dim_k, p_real.head_dim_v) == (K, V)  # the problem keeps the real dims
-    assert select(p_real, "sm90").spec == select(p_pad, "sm90").spec
+    real = select(p_real, "sm90", algorithm=algorithm, allow_opt_in=True).spec
+    assert reads_caller_dims(real) and (real.tile.input_dim_k, real.tile.input_dim_v) == (K, V)
+    assert padded_spec(real) == select(p_pad, "sm90", algorithm=algorithm, allow_opt_in=True).spec
 
     rows, cols = (K, V) if layout == "kv" else (V, K)
     numerics.assert_equal(o, po[..., :V].contiguous(), "o")
@@ -167,3 +182,42 @@ def test_the_recurrence_serves_padded_dims_and_decode_takes_it(K, V, layout, opt
     so, sht = api.kda_prefill(**x, output_final_state=True, algorithm="kda.split", **kw)
     numerics.assert_close(o, (so,), numerics.TOL[FP32], "o against the chunked form")
     numerics.assert_close(ht, (sht,), numerics.TOL[FP32], "final state against the chunked form")
+
+
+def test_a_v_block_past_the_callers_v_is_not_launched(monkeypatch):
+    """V = 40 at 64 in blocks of 16: three scan programs per (sequence, head), not four, and
+    the segment maps and starts likewise (``launch.v_blocks``); the outputs, the final state
+    and the chunk states still equal the hand-padded run's (every block launched) bit for bit,
+    through the sequence-parallel scan (three 16-chunk segments)."""
+    import attrs
+
+    from kreg.families.kda import launch
+
+    K, V = 20, 40
+    x = numerics.make(T=600, H=1, HV=HV, K=K, V=V, dtype=FP32, seed=12)
+    h0 = numerics.state(1, HV, K, V)
+    kw = dict(initial_state=h0, output_final_state=True, output_chunk_states=True)
+    problem, call = api._prepare(**_prepare_args(x, **kw))
+    sel = select(problem, "sm90", algorithm="kda.split")
+    spec = attrs.evolve(sel.spec, scan=attrs.evolve(sel.spec.scan, block_v=16, segment_chunks=16))
+    assert spec.tile.chunk == 16 and launch.v_blocks(spec.scan) == 3
+    grids = {}
+    real_launch = launch._launch
+
+    def spy(lc, grid, *args, **kw):
+        grids.setdefault(lc.name, []).append(grid)
+        return real_launch(lc, grid, *args, **kw)
+
+    monkeypatch.setattr(launch, "_launch", spy)
+    got = api.run_selection(attrs.evolve(sel, spec=spec), call, problem)
+    assert [g[0] for g in grids["kda_chunk_scan_kernel"]] == [3]
+    assert [g[0] for g in grids["kda_segment_combine_kernel"]] == [3]
+    assert [g[0] for g in grids["kda_segment_map_kernel"]] == [32 // 16 + 3]
+
+    y, extra = _by_hand(x, K, V, h0, "kv", None)
+    p_pad, c_pad = api._prepare(**_prepare_args(y, **{**kw, **extra}, scale=K**-0.5))
+    want = api.run_selection(attrs.evolve(sel, spec=padded_spec(spec)), c_pad, p_pad)
+    assert grids["kda_chunk_scan_kernel"][-1][0] == 4
+    numerics.assert_equal(got[0], want[0][..., :V].contiguous(), "o")
+    for what, a, b in zip(("final state", "chunk states"), got[1:], want[1:], strict=True):
+        numerics.assert_equal(a, b[..., :K, :V].contiguous(), what)

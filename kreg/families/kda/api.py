@@ -13,6 +13,7 @@ import inspect
 import math
 import numbers
 
+import attrs
 import numpy as np
 import torch
 
@@ -24,7 +25,7 @@ from kreg.registry.targets import resolve
 
 from . import launch, plans
 from .selection import FAMILY_NAME
-from .specs import CHUNKS, HEAD_DIMS, MAX_HEAD_DIM, padded_head_dim
+from .specs import CHUNKS, HEAD_DIMS, MAX_HEAD_DIM, padded_head_dim, reads_caller_dims
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 _STATE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
@@ -74,9 +75,10 @@ def kda_prefill(
     (log-decay, or the raw gate input with ``gate_activation``); beta ``[B, T, HV]``; states
     ``[B or N, HV, K, V]`` fp32 (``[.., V, K]`` with ``state_layout="vk"``; the initial state may
     be bf16). HV is a multiple of H: value head hv reads qk head ``hv // (HV // H)``. K and V
-    are any size up to 256; sizes other than 32, 64, 128, 256 run zero-padded to the next one,
-    exactly, at the cost of copies into and out of padded buffers (``_pad_inputs``). Tensors
-    of any strides are served: a non-contiguous one costs one copy (``_kernel_inputs``).
+    are any size up to 256; sizes other than 32, 64, 128, 256 run at the next one, exactly: the
+    chunked paths read and write the caller's tensors through masked tiles, the token-serial
+    decode step runs on zero-padded copies (``_pad_inputs``; the note there). Tensors of any
+    strides are served: a non-contiguous one costs one copy (``_kernel_inputs``).
 
     ``gate_lower_bound``: None (the default) serves any gate g <= 0 exactly, ``-inf`` (a hard
     reset) and gates of any magnitude included. A number is a promise that every per-step
@@ -122,8 +124,8 @@ def kda_prefill(
     Host time: a call whose key (``plan_key``: shapes, dtypes, devices, 16-byte alignment,
     contiguity, options, grad mode) was seen before replays the kernel launches recorded for
     that key (``plans``), with fresh outputs. Calls whose values are read on the host
-    (``cu_seqlens_cpu``, CPU offsets or slots), zero-padded head dims, strided inputs and the
-    chunked form of a pool take the normal path every time.
+    (``cu_seqlens_cpu``, CPU offsets or slots), head dims run on zero-padded copies (the decode
+    step's), strided inputs and the chunked form of a pool take the normal path every time.
 
     State pools (the serving engines' state cache): ``initial_state`` a pool ``[P, HV, K, V]``
     (``[P, HV, V, K]`` with ``state_layout="vk"``; fp32 or bf16) and ``initial_state_indices``
@@ -312,17 +314,22 @@ def _plan_roles(call: launch.Call, inputs: dict) -> dict:
 
 def run_selection(selection, call: launch.Call, problem: LinearAttentionProblem,
                   trim_chunk_states: bool = True):  # fmt: skip
-    """Launch the selected candidate's kernels on prepared tensors (``candidate.run``), and
-    give back the outputs at the caller's head dims (a pool is always at the kernels' head
-    dims, ``make_call``, so it comes back whole)."""
+    """Launch the selected candidate's kernels on prepared tensors (``candidate.run``): on the
+    caller's tensors where the spec reads their head dims (masked tiles), else on zero-padded
+    copies, whose outputs are given back at the caller's head dims (a pool is always at the
+    kernels' head dims, ``_validate``, so it comes back whole)."""
+    padded = not reads_caller_dims(selection.spec)
+    if padded:
+        call = pad_call(call, problem)
     o, ht, hs = selection.candidate.run(call, selection.spec)
-    o, ht = _unpad(o, problem, "o"), _unpad(ht, problem, problem.state_layout)
+    if padded:
+        o, ht = _unpad(o, problem, "o"), _unpad(ht, problem, problem.state_layout)
     if not problem.output_chunk_states:
         return o, ht
     if trim_chunk_states:
         rows = _total_chunks(call, call.chunk_states_size)
         hs = hs[:rows] if rows is not None and rows < hs.shape[0] else hs
-    return o, ht, _unpad(hs, problem, problem.state_layout)
+    return o, ht, _unpad(hs, problem, problem.state_layout) if padded else hs
 
 
 def _total_chunks(call: launch.Call, chunk: int) -> int | None:
@@ -475,7 +482,7 @@ def _validate(
     for name, dim in (("q", K), ("v", V)):
         if dim > MAX_HEAD_DIM:
             _fail(name, f"head dim {dim} not supported (at most {MAX_HEAD_DIM}; below that any "
-                        f"size, zero-padded to the next of {HEAD_DIMS})")  # fmt: skip
+                        f"size, run at the next of {HEAD_DIMS})")  # fmt: skip
     act_dtypes = (q.dtype,)
     _check_tensor("q", q, (B, T, H, K), act_dtypes, device)
     _check_tensor("k", k, (B, T, H, K), act_dtypes, device)
@@ -713,8 +720,12 @@ def _device_slots(indices: torch.Tensor) -> torch.Tensor:
     return indices if indices.is_contiguous() else indices.contiguous()
 
 
-# --- head dims the kernels lack: zero padding ----------------------------------------------------
-# Any K, V in 1..MAX_HEAD_DIM runs at Kp, Vp = specs.padded_head_dim(K, V) on zero-padded copies
+# --- head dims the kernels lack: masked tiles, or zero padding ---------------------------------
+# Any K, V in 1..MAX_HEAD_DIM runs at Kp, Vp = specs.padded_head_dim(K, V). The chunked paths of a
+# per-channel gate read and write the caller's tensors through column masks (masked tiles,
+# ``specs.reads_caller_dims``): a masked column loads the value its padded copy would hold (0,
+# and dt_bias -inf), so the tiles, and every output, are bit for bit the padded run's, without
+# the copies. The other paths (decode, a scalar gate, context parallel) run on zero-padded copies
 # of the inputs, and the caller gets the padded run's outputs sliced back. This is exact: the
 # real entries are bit for bit those of a run on the padded inputs, and that run computes the
 # real problem, because every term a padded column adds is an exact zero.
@@ -730,11 +741,13 @@ def _device_slots(indices: torch.Tensor) -> torch.Tensor:
 #   multiplies them by a decay of 1 and adds k_pad = 0 times a row: they stay 0, so W S and
 #   Q S read nothing from them. Its padded V columns see u = 0 and stay 0; o is 0 there.
 # - The default scale is the real K's (K ** -0.5), not Kp's (``_validate``).
-# Cost: one copy of q, k, v, g (dt_bias, the initial state) into padded buffers, a copy of o
-# and the states out of them, and the kernels' work at Kp, Vp (K = 100 runs at 128: 1.28x the
-# state; K = 12 at 32).
-# tests/interpreter/test_kda_head_dims.py: padded runs equal runs on hand-padded inputs bit for
-# bit, the padded state stays zero, and both match the float64 oracles at the real dims.
+# Cost: the kernels' work at Kp, Vp (K = 100 runs at 128: 1.28x the state; K = 12 at 32), less
+# for masked tiles where a whole slice is padding (the pairs kernel stops at K); on the padded
+# paths also one copy of q, k, v, g (dt_bias, the initial state) into padded buffers, a copy of
+# o and the states out of them.
+# tests/interpreter/test_kda_head_dims.py: split and fused runs (masked tiles) equal runs on
+# hand-padded inputs bit for bit, the padded state stays zero, and both match the float64
+# oracles at the real dims; decode (padded copies) matches the chunked form.
 
 
 def _padded_copy(x: torch.Tensor, shape, fill: float = 0.0) -> torch.Tensor:
@@ -750,23 +763,30 @@ def _padded_copy(x: torch.Tensor, shape, fill: float = 0.0) -> torch.Tensor:
 
 def _kernel_inputs(problem: LinearAttentionProblem, q, k, v, g, beta, A_log, dt_bias,
                    initial_state):  # fmt: skip
-    """The inputs as the kernels read them: at the kernels' head dims and contiguous, with at
-    most one copy each (none for an input that already is).
+    """The inputs as the kernels read them: contiguous, with at most one copy each (none for
+    an input that already is); at the caller's head dims (``pad_call`` pads them for a path
+    that needs it).
 
     The kernels take no strides: they index tokens and heads by strides derived from the
     shapes (H * K per token, ...), which the compiled divisibility and vector widths rest on,
     and every kernel signature (and golden) would change to take them. So a non-contiguous
     input (q, k, v sliced from one projection, a transposed state) costs one copy to a
-    contiguous buffer; where the head dim is padded, the padding copy is that copy."""
-    K, V = problem.head_dim_k, problem.head_dim_v
-    Kp, Vp = padded_head_dim(K), padded_head_dim(V)
-    if (Kp, Vp) != (K, V):
-        q, k, v, g, dt_bias, initial_state = _pad_inputs(problem, q, k, v, g, dt_bias,
-                                                         initial_state)  # fmt: skip
+    contiguous buffer."""
     return tuple(
         None if x is None else x.contiguous()  # a no-op where x already is
         for x in (q, k, v, g, beta, A_log, dt_bias, initial_state)
     )
+
+
+def pad_call(call: launch.Call, problem: LinearAttentionProblem) -> launch.Call:
+    """``call`` with its inputs zero-padded to the kernels' head dims (the note above), or
+    ``call`` itself where they already are."""
+    K, V = problem.head_dim_k, problem.head_dim_v
+    if (padded_head_dim(K), padded_head_dim(V)) == (K, V):
+        return call
+    q, k, v, g, dt_bias, h0 = _pad_inputs(problem, call.q, call.k, call.v, call.g, call.dt_bias,
+                                          call.initial_state)  # fmt: skip
+    return attrs.evolve(call, q=q, k=k, v=v, g=g, dt_bias=dt_bias, initial_state=h0)
 
 
 def _pad_inputs(problem: LinearAttentionProblem, q, k, v, g, dt_bias, initial_state):

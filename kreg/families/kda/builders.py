@@ -69,8 +69,15 @@ def _launch_values(signature: dict, *parts: dict) -> dict:
     return {k: v for k, v in merged.items() if k in signature}
 
 
+def _caller_dims(spec, v: bool = True) -> dict:
+    """KI (and with ``v`` VI): the caller's head dims of a spec with masked tiles, passed only
+    where set (the kernels' default 0 keeps every other kernel, and its golden, as it was)."""
+    dims = {"KI": spec.input_dim_k, "VI": spec.input_dim_v if v else 0}
+    return {name: d for name, d in dims.items() if d}
+
+
 def _tile_constexprs(spec: KdaTileSpec) -> dict:
-    return dict(
+    return _caller_dims(spec) | dict(
         K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, BS=spec.solve_block,
         GATE_ACT=kernels.GATE_ACT[spec.gate_activation], QK_L2=spec.qk_l2norm,
         BETA_SIG=spec.beta_sigmoid, FP32_DOT=spec.fp32_dot, ANCHOR=kernels.ANCHORS[spec.anchor],
@@ -79,7 +86,7 @@ def _tile_constexprs(spec: KdaTileSpec) -> dict:
 
 
 def _scan_constexprs(spec: KdaScanSpec, block_v: int) -> dict:
-    return dict(
+    return _caller_dims(spec) | dict(
         BV=block_v, USE_H0=spec.initial_state, STORE_HT=spec.output_final_state,
         STORE_HS=spec.output_chunk_states, STATE_VK=spec.state_layout == "vk",
         VARLEN=spec.varlen, HS_EVERY=spec.chunk_states_every, SCALAR_GATE=spec.scalar_gate,
@@ -112,6 +119,7 @@ def pairs_launch(spec: KdaTileSpec) -> KernelLaunch:
     constexprs = dict(K=spec.head_dim_k, C=spec.chunk, BS=spec.solve_block,
                       GATE_ACT=kernels.GATE_ACT[spec.gate_activation], QK_L2=spec.qk_l2norm,
                       VARLEN=spec.varlen, FP32_DOT=spec.fp32_dot)  # fmt: skip
+    constexprs |= _caller_dims(spec, v=False)
     warps = max(1, spec.chunk // PAIRS_ROWS_PER_WARP)
     return KernelLaunch(kernels.kda_chunk_pairs_kernel, constexprs, warps, 1)
 
@@ -147,7 +155,7 @@ def segment_combine_launch(spec: KdaScanSpec, fp32_dot: str) -> KernelLaunch:
     constexprs = dict(K=spec.head_dim_k, V=spec.head_dim_v, C=spec.chunk, BV=spec.block_v,
                       USE_H0=spec.initial_state, STATE_VK=spec.state_layout == "vk",
                       VARLEN=spec.varlen, SEG=spec.segment_chunks, FP32_DOT=fp32_dot,
-                      BK=spec.combine_block_k)  # fmt: skip
+                      BK=spec.combine_block_k, **_caller_dims(spec))  # fmt: skip
     return KernelLaunch(kernels.kda_segment_combine_kernel, constexprs, 4, 1)
 
 

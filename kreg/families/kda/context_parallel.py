@@ -41,7 +41,7 @@ from kreg.dispatch import select
 from . import api, launch
 from .builders import segment_combine_launch
 from .selection import FAMILY_NAME
-from .specs import SEGMENT_CHUNKS
+from .specs import SEGMENT_CHUNKS, padded_spec
 
 # Segments of the open piece's map when the local scan has none (its spec's otherwise): the
 # map pass is then a parallel map kernel plus a chain of chunks / this many combine steps.
@@ -259,10 +259,10 @@ def _prepare_cp(entry: CpEntry, q, k, v, g, beta, group, cp_offsets, options: di
             **local, seq_len=T_r, num_seqs=len(plan.seqs) if varlen else int(q.shape[0]),
             max_seqlen=max(1, int(lens.max())) if varlen else None,
         )  # fmt: skip
-        call = api.make_call(
+        call = api.pad_call(api.make_call(
             checked, problem, q, k, v, g, beta, initial_state=None, output_final_state=output_final_state,
             output_chunk_states=False, state_layout="kv", cu_host=local_host, cu_dev=local_dev,
-        )  # fmt: skip
+        ), problem)  # fmt: skip
     return CpCall(plan=plan, group=group, problem=problem, call=call, target=sel_target, v=v,
                   k_dim=int(q.shape[-1]), initial_state=initial_state, state_layout=state_layout,
                   output_final_state=output_final_state,
@@ -330,7 +330,8 @@ def run_cp(cp: CpCall, selection):
     HV, V = cp.v.shape[2], cp.v.shape[3]
     K = cp.k_dim
     dev = cp.v.device
-    tile, scan = selection.spec.tile, selection.spec.scan
+    spec = padded_spec(selection.spec)  # the composed maps are sized from the call's tensors
+    tile, scan = spec.tile, spec.scan
     send = torch.zeros((plan.slots, HV, K, K + V), dtype=torch.float32, device=dev)
     tables = tiles = seg_map = None
     if call is not None:

@@ -60,15 +60,29 @@ def PAIR_CHANNELS(K):
     return K
 
 
+@triton.constexpr_function
+def CALLER_DIM(CALLER, D):
+    """The head dim of the caller's tensors: the kernel's D, or with masked tiles (CALLER > 0)
+    the caller's smaller CALLER, read and written through column masks while the kernel's
+    tiles stay D wide (docs/kda/GATES.md, head dims)."""
+    return D if CALLER == 0 else CALLER
+
+
 @triton.jit
 def _rows(ptr, row0, nrows, row_stride, COLS: tl.constexpr, ROWS: tl.constexpr,
-          RAW: tl.constexpr = False):  # fmt: skip
-    """Load a [ROWS, COLS] tile of consecutive token rows, zero past ``nrows``; in fp32, or
-    with ``RAW`` in the input's own dtype (a tensor-core operand as loaded)."""
+          RAW: tl.constexpr = False, NCOLS: tl.constexpr = 0, col0=0):  # fmt: skip
+    """Load a [ROWS, COLS] tile of consecutive token rows, zero past ``nrows`` and, with
+    ``NCOLS`` (masked tiles: the caller's head dim), past column NCOLS of the row (``ptr``
+    at column ``col0``); in fp32, or with ``RAW`` in the input's own dtype (a tensor-core
+    operand as loaded)."""
     r = tl.arange(0, ROWS)
     c = tl.arange(0, COLS)
     offs = (row0 + r).to(tl.int64)[:, None] * row_stride + c[None, :]
-    x = tl.load(ptr + offs, mask=(r < nrows)[:, None], other=0.0)
+    if NCOLS > 0:
+        x = tl.load(ptr + offs, mask=(r < nrows)[:, None] & (col0 + c < NCOLS)[None, :],
+                    other=0.0)  # fmt: skip
+    else:
+        x = tl.load(ptr + offs, mask=(r < nrows)[:, None], other=0.0)
     return x if RAW else x.to(tl.float32)
 
 
@@ -93,23 +107,32 @@ def _seg_cumsum(x, R: tl.constexpr, N: tl.constexpr, S: tl.constexpr):
 @triton.jit
 def _gates(g_ptr, alog_ptr, dtb_ptr, row0, nrows, hv, HV, lower_bound,
            K: tl.constexpr, C: tl.constexpr, GATE_ACT: tl.constexpr,
-           col0=0, COLS: tl.constexpr = None, SCALAR_GATE: tl.constexpr = False):  # fmt: skip
+           col0=0, COLS: tl.constexpr = None, SCALAR_GATE: tl.constexpr = False,
+           KI: tl.constexpr = 0):  # fmt: skip
     """[C, COLS] log-decays (natural log) of the token rows from ``row0``, channels from
     ``col0`` (all K by default), activated; 0 past ``nrows``. With ``SCALAR_GATE`` the gate is
-    one value per token and value head (g [.., HV], A_log and dt_bias [HV]): a [C, 1] tile."""
+    one value per token and value head (g [.., HV], A_log and dt_bias [HV]): a [C, 1] tile.
+    With ``KI`` (masked tiles) g and dt_bias have the caller's KI channels, and a channel past
+    them reads g = 0 and dt_bias = -inf, whose activated gate is -0.0: the padded path's
+    values, bit for bit (api._pad_inputs)."""
     NC: tl.constexpr = K if COLS is None else COLS
+    KD: tl.constexpr = CALLER_DIM(KI, K)
     if SCALAR_GATE:
         r = tl.arange(0, C)
         g = tl.load(g_ptr + (row0 + r).to(tl.int64) * HV + hv, mask=r < nrows, other=0.0)
         g = g.to(tl.float32)[:, None]
     else:
-        g = _rows(g_ptr + hv * K + col0, row0, nrows, HV * K, NC, C)
+        g = _rows(g_ptr + hv * KD + col0, row0, nrows, HV * KD, NC, C, NCOLS=KI, col0=col0)
     if GATE_ACT != 0:
         a = tl.exp(tl.load(alog_ptr + hv))
         if SCALAR_GATE:
             x = g + tl.load(dtb_ptr + hv)
         else:
-            x = g + tl.load(dtb_ptr + hv * K + col0 + tl.arange(0, NC))[None, :]
+            if KI > 0:
+                ch = col0 + tl.arange(0, NC)
+                x = g + tl.load(dtb_ptr + hv * KD + ch, mask=ch < KI, other=float("-inf"))[None, :]
+            else:
+                x = g + tl.load(dtb_ptr + hv * K + col0 + tl.arange(0, NC))[None, :]
         if GATE_ACT == 1:
             g = lower_bound * tl.sigmoid(a * x)
         else:
@@ -129,7 +152,7 @@ def _nan_rows(x):
 def _pair_diag(
     q_ptr, k_ptr, g_ptr, alog_ptr, dtb_ptr, tok0, n, h, hv, H, HV, lower_bound, k_inv, q_inv,
     K: tl.constexpr, C: tl.constexpr, BS: tl.constexpr, GATE_ACT: tl.constexpr,
-    FP32_DOT: tl.constexpr,
+    FP32_DOT: tl.constexpr, KI: tl.constexpr = 0,
 ):  # fmt: skip
     """The diagonal sub-blocks of A and Aqk ([NB, BS, BS], every entry j <= i), exact for any
     gate, by halving: level s (BS/2, ..., 1) takes every pair whose j lies in the first and i
@@ -141,18 +164,20 @@ def _pair_diag(
     fp32's normal range either way, and the clamp bounds the local sums (and their rounding);
     -inf resets need no case of their own. Every entry is built from the gates up to its row
     only: causal by construction. Channels are taken KS at a time (rows scaled by ``k_inv`` /
-    ``q_inv``; zero past ``n``)."""
+    ``q_inv``; zero past ``n``), with masked tiles (``KI``) only up to the caller's KI: a
+    slice of padded channels adds exact zeros."""
     NB: tl.constexpr = C // BS
     KS: tl.constexpr = PAIR_CHANNELS(K)
     ri = tl.arange(0, BS)[None, :, None]
     ci = tl.arange(0, BS)[None, None, :]
     a = tl.zeros((NB, BS, BS), dtype=tl.float32)
     qk = tl.zeros((NB, BS, BS), dtype=tl.float32)
-    for c0 in tl.range(0, K, KS):
-        ks = _rows(k_ptr + h * K + c0, tok0, n, H * K, KS, C) * k_inv
-        qs = _rows(q_ptr + h * K + c0, tok0, n, H * K, KS, C) * q_inv
+    KD: tl.constexpr = CALLER_DIM(KI, K)
+    for c0 in tl.range(0, KD, KS):
+        ks = _rows(k_ptr + h * KD + c0, tok0, n, H * KD, KS, C, NCOLS=KI, col0=c0) * k_inv
+        qs = _rows(q_ptr + h * KD + c0, tok0, n, H * KD, KS, C, NCOLS=KI, col0=c0) * q_inv
         gs = _gates(g_ptr, alog_ptr, dtb_ptr, tok0, n, hv, HV, lower_bound, K, C, GATE_ACT,
-                    c0, KS)  # fmt: skip
+                    c0, KS, KI=KI)  # fmt: skip
         gs = tl.maximum(gs * LOG2E, -FLUSH_LOG2)
         k3 = tl.reshape(ks, (NB, BS, KS))
         q3 = tl.reshape(qs, (NB, BS, KS))
@@ -191,7 +216,7 @@ def _chunk_tiles(
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, ANCHOR: tl.constexpr = ANCHOR_SAFE,
     SCALAR_GATE: tl.constexpr = False, gq_t=None, aqk_t=None, gkt_t=None,
-    STORE: tl.constexpr = False,
+    STORE: tl.constexpr = False, KI: tl.constexpr = 0, VI: tl.constexpr = 0,
 ):  # fmt: skip
     """The six state-independent tiles of one chunk, for one value head: (w, u, gq, aqk, gkt,
     dec) in fp32, w = -T diag(beta) (K*Gamma) (negated so the scan subtracts into its
@@ -216,7 +241,7 @@ def _chunk_tiles(
         w, u, gq, aqk, gkt, dec = _channel_tiles(
             q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, pa_t, pqk_t, c, tok0, n,
             h, hv, H, HV, scale, lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
-            ANCHOR, gq_t, aqk_t, gkt_t, STORE,
+            ANCHOR, gq_t, aqk_t, gkt_t, STORE, KI, VI,
         )  # fmt: skip
     return w, u, gq, aqk, gkt, dec
 
@@ -228,8 +253,11 @@ def _channel_tiles(
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, ANCHOR: tl.constexpr, gq_t, aqk_t, gkt_t, STORE: tl.constexpr,
+    KI: tl.constexpr = 0, VI: tl.constexpr = 0,
 ):  # fmt: skip
-    """``_chunk_tiles`` for a per-channel gate (KDA). With ``STORE`` gq and gkT go out before
+    """``_chunk_tiles`` for a per-channel gate (KDA); with masked tiles (``KI``, ``VI``) it
+    reads the caller's head dims into tiles as wide as the padded path's, with the same
+    values (zeros, and gates of -0.0, past them). With ``STORE`` gq and gkT go out before
     the off-diagonal products (held to the end they spilled 132 B per thread on sm90 at
     K = 128 with softplus gates; none stored early), Aqk before the solve.
 
@@ -251,11 +279,13 @@ def _channel_tiles(
     """
     NB: tl.constexpr = C // BS
     GK: tl.constexpr = K
+    KD: tl.constexpr = CALLER_DIM(KI, K)
+    VD: tl.constexpr = CALLER_DIM(VI, V)
     rows = tl.arange(0, C)
 
     # --- one load of each input, activations fused -------------------------------------------
-    k = _rows(k_ptr + h * K, tok0, n, H * K, K, C)
-    q = _rows(q_ptr + h * K, tok0, n, H * K, K, C)
+    k = _rows(k_ptr + h * KD, tok0, n, H * KD, K, C, NCOLS=KI)
+    q = _rows(q_ptr + h * KD, tok0, n, H * KD, K, C, NCOLS=KI)
     gl = (
         _gates(
             g_ptr,
@@ -269,6 +299,7 @@ def _channel_tiles(
             K,
             C,
             GATE_ACT,
+            KI=KI,
         )
         * LOG2E
     )
@@ -287,7 +318,7 @@ def _channel_tiles(
     # --- containment: the first row the chunk cannot take ------------------------------------
     resets = tl.where(gl == float("-inf"), 0.0, gl)  # a -inf gate is a valid hard reset
     # v is read here for its non-finite rows and again at its one product (fewer live registers)
-    v_bad = _nan_rows(_rows(v_ptr + hv * V, tok0, n, HV * V, V, C))
+    v_bad = _nan_rows(_rows(v_ptr + hv * VD, tok0, n, HV * VD, V, C, NCOLS=VI))
     bad = (_nan_rows(k + resets) + v_bad + beta * 0.0) != 0.0  # NaN != 0
     f = tl.min(tl.where(bad, rows, C))
     gl = tl.where((rows < f)[:, None], gl, 0.0)
@@ -378,7 +409,7 @@ def _channel_tiles(
     if STORE:
         _store_tile(aqk_t, c, hv, HV, C, C, aqk)
 
-    v = tl.where(ok, _rows(v_ptr + hv * V, tok0, n, HV * V, V, C), 0.0)
+    v = tl.where(ok, _rows(v_ptr + hv * VD, tok0, n, HV * VD, V, C, NCOLS=VI), 0.0)
     w, u = _solve_wu(a_diag, n3, beta, kg, v, C, BS, FP32_DOT)
     dec = tl.where(f < n, float("nan"), dec)
     return w, u, gq, aqk, tl.trans(gk), dec
@@ -582,12 +613,56 @@ def _tile_ptrs(
 
 
 @triton.jit
-def _state_ptrs(base, idx, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, v0, STATE_VK):
-    """Pointers to the [K, BV] block at ``v0`` of state ``idx`` in a [.., K, V] or [.., V, K] buffer."""
+def _state_ptrs(base, idx, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, v0, STATE_VK,
+                KI: tl.constexpr = 0, VI: tl.constexpr = 0):  # fmt: skip
+    """Pointers to the [K, BV] block at ``v0`` of state ``idx`` in a [.., K, V] or [.., V, K]
+    buffer; a caller's state with masked tiles is [.., KI, VI] (``_state_in``, ``_state_out``)."""
+    KD: tl.constexpr = CALLER_DIM(KI, K)
+    VD: tl.constexpr = CALLER_DIM(VI, V)
     kk = tl.arange(0, K)[:, None]
     vv = v0 + tl.arange(0, BV)[None, :]
-    inner = vv * K + kk if STATE_VK else kk * V + vv
-    return base + idx.to(tl.int64) * (K * V) + inner
+    inner = vv * KD + kk if STATE_VK else kk * VD + vv
+    return base + idx.to(tl.int64) * (KD * VD) + inner
+
+
+@triton.jit
+def _state_in(base, idx, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, v0, STATE_VK,
+              KI: tl.constexpr, VI: tl.constexpr):  # fmt: skip
+    """A caller's state block [K, BV] in fp32; with masked tiles zero past its KI rows and VI
+    columns (the padded path's zero-padded state)."""
+    if KI + VI > 0:
+        s = tl.load(_state_ptrs(base, idx, K, V, BV, v0, STATE_VK, KI, VI),
+                    mask=_state_fits(K, BV, v0, KI, VI), other=0.0)  # fmt: skip
+    else:
+        s = tl.load(_state_ptrs(base, idx, K, V, BV, v0, STATE_VK))
+    return s.to(tl.float32)
+
+
+@triton.jit
+def _state_out(base, idx, s, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, v0, STATE_VK,
+               KI: tl.constexpr, VI: tl.constexpr, mask=None):  # fmt: skip
+    """Store a caller's state block in ``base``'s dtype (with masked tiles its KI x VI part),
+    where ``mask``."""
+    if KI + VI > 0:
+        fits = _state_fits(K, BV, v0, KI, VI)
+        if mask is not None:
+            fits = fits & mask
+        tl.store(_state_ptrs(base, idx, K, V, BV, v0, STATE_VK, KI, VI),
+                 s.to(base.dtype.element_ty), mask=fits)  # fmt: skip
+    else:
+        tl.store(_state_ptrs(base, idx, K, V, BV, v0, STATE_VK), s.to(base.dtype.element_ty),
+                 mask=mask)  # fmt: skip
+
+
+@triton.jit
+def _state_fits(K: tl.constexpr, BV: tl.constexpr, v0, KI: tl.constexpr, VI: tl.constexpr):
+    """[K, BV]: the entries of the block at ``v0`` inside the caller's KI x VI state."""
+    kk = tl.arange(0, K)[:, None]
+    vv = v0 + tl.arange(0, BV)[None, :]
+    fits = (kk < CALLER_DIM(KI, K)) & (vv >= 0)
+    if VI > 0:
+        fits = fits & (vv < VI)
+    return fits
 
 
 @triton.jit
@@ -655,6 +730,7 @@ def _recurrence(
     FUSED: tl.constexpr, TILE_DT: tl.constexpr, SEG: tl.constexpr = 0, NSEG=1,
     ABLATE_SCAN: tl.constexpr = False, ANCHOR: tl.constexpr = ANCHOR_SAFE,
     HS_EVERY: tl.constexpr = 1, SCALAR_GATE: tl.constexpr = False,
+    KI: tl.constexpr = 0, VI: tl.constexpr = 0,
 ):  # fmt: skip
     """The serial recurrence of one (sequence, value head, V block): tiles loaded (split) or
     computed on chip (fused, where BV == V), then the shared ``_scan_step``.
@@ -691,7 +767,7 @@ def _recurrence(
         c1 = tl.where(seg == NSEG - 1, c1, tl.minimum(c1, c0 + SEG))
         s = tl.load(_state_ptrs(h0, (seq * NSEG + seg) * HV + hv, K, V, BV, v0, False))
     elif USE_H0:
-        s = tl.load(_state_ptrs(h0, pid_s, K, V, BV, v0, STATE_VK)).to(tl.float32)
+        s = _state_in(h0, pid_s, K, V, BV, v0, STATE_VK, KI, VI)
     else:
         s = tl.zeros((K, BV), dtype=tl.float32)
     rows = tl.arange(0, C)
@@ -699,18 +775,18 @@ def _recurrence(
     for c in tl.range(c0, c1):
         if STORE_HS:
             if HS_EVERY == 1:
-                tl.store(_state_ptrs(hs, c * HV + hv, K, V, BV, v0, STATE_VK),
-                         s.to(hs.dtype.element_ty))  # fmt: skip
+                _state_out(hs, c * HV + hv, s, K, V, BV, v0, STATE_VK, KI, VI)
             else:
                 idx = hs0 + (c - seq_c0) // HS_EVERY
-                tl.store(_state_ptrs(hs, idx * HV + hv, K, V, BV, v0, STATE_VK),
-                         s.to(hs.dtype.element_ty), mask=(c - seq_c0) % HS_EVERY == 0)  # fmt: skip
+                _state_out(hs, idx * HV + hv, s, K, V, BV, v0, STATE_VK, KI, VI,
+                           mask=(c - seq_c0) % HS_EVERY == 0)  # fmt: skip
         tok0 = tok_start + (c - c0) * C
         n = tl.minimum(tok_end - tok0, C)
         if FUSED:
             w, u, gq, aqk, gkt, dec = _chunk_tiles(
                 q, k, v, g, beta, alog, dtb, pa_t, pqk_t, c, tok0, n, h, hv, H, HV, scale,
                 lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR, SCALAR_GATE,
+                KI=KI, VI=VI,
             )  # fmt: skip
             # the same rounding the split path's tiles get on their way through memory
             w = w.to(TILE_DT)
@@ -736,11 +812,15 @@ def _recurrence(
             out = u.to(tl.float32) + (fold + tl.sum(dec))[:, None]
         else:
             s, out = _scan_step(s, w, u, gq, aqk, gkt, dec, q_scale, k_scale, SCALAR_GATE)
-        o_offs = (tok0 + rows).to(tl.int64)[:, None] * (HV * V) + hv * V + vcols[None, :]
-        tl.store(o + o_offs, out.to(o.dtype.element_ty), mask=(rows < n)[:, None])
+        VD: tl.constexpr = CALLER_DIM(VI, V)
+        o_offs = (tok0 + rows).to(tl.int64)[:, None] * (HV * VD) + hv * VD + vcols[None, :]
+        if VI > 0:  # masked tiles: the caller's V columns only
+            tl.store(o + o_offs, out.to(o.dtype.element_ty),
+                     mask=(rows < n)[:, None] & (vcols < VI)[None, :])  # fmt: skip
+        else:
+            tl.store(o + o_offs, out.to(o.dtype.element_ty), mask=(rows < n)[:, None])
     if STORE_HT:
-        tl.store(_state_ptrs(ht, pid_s, K, V, BV, v0, STATE_VK), s.to(ht.dtype.element_ty),
-                 mask=last)  # fmt: skip
+        _state_out(ht, pid_s, s, K, V, BV, v0, STATE_VK, KI, VI, last)
 
 
 @triton.jit
@@ -781,6 +861,7 @@ def kda_chunk_pairs_kernel(
     T, H, HV, lower_bound,
     K: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, VARLEN: tl.constexpr, FP32_DOT: tl.constexpr,
+    KI: tl.constexpr = 0,
 ):  # fmt: skip
     """Safe anchor, first kernel of the split and fused paths: the diagonal sub-blocks of A and
     Aqk of one chunk x value head pair by pair (``_pair_diag``), stored [NC, HV, C, BS] fp32.
@@ -795,12 +876,13 @@ def kda_chunk_pairs_kernel(
         k_inv = tl.full((C, 1), 1.0, dtype=tl.float32)
         q_inv = tl.full((C, 1), 1.0, dtype=tl.float32)
         if QK_L2:  # the row norms, as the prep takes them
-            kk = _rows(k + h * K, tok0, n, H * K, K, C)
+            KD: tl.constexpr = CALLER_DIM(KI, K)
+            kk = _rows(k + h * KD, tok0, n, H * KD, K, C, NCOLS=KI)
             k_inv = tl.rsqrt(tl.sum(kk * kk, axis=1) + 1e-6)[:, None]
-            qq = _rows(q + h * K, tok0, n, H * K, K, C)
+            qq = _rows(q + h * KD, tok0, n, H * KD, K, C, NCOLS=KI)
             q_inv = tl.rsqrt(tl.sum(qq * qq, axis=1) + 1e-6)[:, None]
         a, qk = _pair_diag(q, k, g, alog, dtb, tok0, n, h, hv, H, HV, lower_bound, k_inv, q_inv,
-                           K, C, BS, GATE_ACT, FP32_DOT)  # fmt: skip
+                           K, C, BS, GATE_ACT, FP32_DOT, KI)  # fmt: skip
         tl.store(_tile_ptrs(pa_t, c, hv, HV, C, BS), tl.reshape(a, (C, BS)))
         tl.store(_tile_ptrs(pqk_t, c, hv, HV, C, BS), tl.reshape(qk, (C, BS)))
 
@@ -815,8 +897,10 @@ def kda_chunk_prep_kernel(
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, VARLEN: tl.constexpr, ANCHOR: tl.constexpr,
     LOOPED: tl.constexpr = False, BALLAST: tl.constexpr = 0, SCALAR_GATE: tl.constexpr = False,
+    KI: tl.constexpr = 0, VI: tl.constexpr = 0,
 ):  # fmt: skip
-    """Split path, first kernel: the tiles of one chunk x value head, stored chunk-major.
+    """Split path, first kernel: the tiles of one chunk x value head, stored chunk-major (at
+    the kernel's head dims K, V: with masked tiles, ``KI`` and ``VI`` are the caller's).
 
     Case-study probes (off by default): ``LOOPED`` makes each program walk all chunks of one
     (sequence, value head) in order, as the fused kernel does, still writing tiles to memory;
@@ -833,7 +917,7 @@ def kda_chunk_prep_kernel(
                 q, k, v, g, beta, alog, dtb, pa_t, pqk_t, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
                 c, tok0, tl.minimum(tok_end - tok0, C), h, hv, H, HV, scale,
                 lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR,
-                SCALAR_GATE,
+                SCALAR_GATE, KI, VI,
             )  # fmt: skip
     else:
         c = tl.program_id(0)
@@ -841,7 +925,7 @@ def kda_chunk_prep_kernel(
         _prep_chunk(
             q, k, v, g, beta, alog, dtb, pa_t, pqk_t, w_t, u_t, gq_t, aqk_t, gkt_t, dec_t,
             c, tok0, n, h, hv, H, HV, scale, lower_bound,
-            K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR, SCALAR_GATE,
+            K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, BALLAST, ANCHOR, SCALAR_GATE, KI, VI,
         )  # fmt: skip
 
 
@@ -852,13 +936,13 @@ def _prep_chunk(
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BS: tl.constexpr,
     GATE_ACT: tl.constexpr, QK_L2: tl.constexpr, BETA_SIG: tl.constexpr,
     FP32_DOT: tl.constexpr, BALLAST: tl.constexpr, ANCHOR: tl.constexpr,
-    SCALAR_GATE: tl.constexpr,
+    SCALAR_GATE: tl.constexpr, KI: tl.constexpr, VI: tl.constexpr,
 ):  # fmt: skip
     if n > 0:
         w, u, gq, aqk, gkt, dec = _chunk_tiles(
             q, k, v, g, beta, alog, dtb, pa_t, pqk_t, c, tok0, n, h, hv, H, HV, scale,
             lower_bound, K, V, C, BS, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT, ANCHOR, SCALAR_GATE,
-            gq_t, aqk_t, gkt_t, True,
+            gq_t, aqk_t, gkt_t, True, KI, VI,
         )  # fmt: skip
         if SCALAR_GATE:  # one decay per chunk, [NC, HV]
             tl.store(dec_t + (c * HV + hv).to(tl.int64), _ballast(dec, BALLAST))
@@ -878,6 +962,7 @@ def kda_chunk_scan_kernel(
     USE_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_HS: tl.constexpr,
     STATE_VK: tl.constexpr, VARLEN: tl.constexpr, SEG: tl.constexpr,
     HS_EVERY: tl.constexpr = 1, SCALAR_GATE: tl.constexpr = False,
+    KI: tl.constexpr = 0, VI: tl.constexpr = 0,
 ):  # fmt: skip
     """Split path, second kernel: the recurrence over stored tiles (one segment of it when
     SEG > 0, h0 then holding the segments' start states); q and k are read with a scalar gate
@@ -887,7 +972,7 @@ def kda_chunk_scan_kernel(
         w_t, u_t, gq_t, aqk_t, gkt_t, dec_t, o, h0, ht, hs, hs_seq, seq_chunk, cu_seqlens,
         T, H, HV, 1.0, 0.0, K, V, C, C, BV, 0, False, False, "ieee",
         USE_H0, STORE_HT, STORE_HS, STATE_VK, VARLEN, False, w_t.dtype.element_ty, SEG, NSEG,
-        HS_EVERY=HS_EVERY, SCALAR_GATE=SCALAR_GATE,
+        HS_EVERY=HS_EVERY, SCALAR_GATE=SCALAR_GATE, KI=KI, VI=VI,
     )  # fmt: skip
 
 
@@ -903,6 +988,7 @@ def kda_chunk_fused_kernel(
     STORE_HS: tl.constexpr, STATE_VK: tl.constexpr, VARLEN: tl.constexpr,
     ABLATE_SCAN: tl.constexpr = False, ANCHOR: tl.constexpr = ANCHOR_SAFE,
     HS_EVERY: tl.constexpr = 1, SCALAR_GATE: tl.constexpr = False,
+    KI: tl.constexpr = 0, VI: tl.constexpr = 0,
 ):  # fmt: skip
     """Fused path: tiles computed on chip, chunk after chunk, inside the recurrence.
 
@@ -913,7 +999,7 @@ def kda_chunk_fused_kernel(
         None, None, None, None, None, None, o, h0, ht, hs, hs_seq, seq_chunk, cu_seqlens,
         T, H, HV, scale, lower_bound, K, V, C, BS, BV, GATE_ACT, QK_L2, BETA_SIG, FP32_DOT,
         USE_H0, STORE_HT, STORE_HS, STATE_VK, VARLEN, True, q.dtype.element_ty, 0, 1,
-        ABLATE_SCAN, ANCHOR, HS_EVERY, SCALAR_GATE,
+        ABLATE_SCAN, ANCHOR, HS_EVERY, SCALAR_GATE, KI, VI,
     )  # fmt: skip
 
 
@@ -966,7 +1052,7 @@ def kda_segment_combine_kernel(
     T, HV, NSEG,
     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
     USE_H0: tl.constexpr, STATE_VK: tl.constexpr, VARLEN: tl.constexpr, SEG: tl.constexpr,
-    FP32_DOT: tl.constexpr, BK: tl.constexpr,
+    FP32_DOT: tl.constexpr, BK: tl.constexpr, KI: tl.constexpr = 0, VI: tl.constexpr = 0,
 ):  # fmt: skip
     """Sequence-parallel scan, pass 2: the short serial chain over segments that gives every
     segment its true start state (S_next = M S + N), written to ``seg_start``.
@@ -981,7 +1067,7 @@ def kda_segment_combine_kernel(
     v0 = pid_v * BV
     c0, c1, tok_start, tok_end = _seq_chunks(seq, T, seq_chunk, cu_seqlens, C, VARLEN)
     if USE_H0:
-        s = tl.load(_state_ptrs(h0, pid_s, K, V, BV, v0, STATE_VK)).to(tl.float32)
+        s = _state_in(h0, pid_s, K, V, BV, v0, STATE_VK, KI, VI)
     else:
         s = tl.zeros((K, BV), dtype=tl.float32)
     kk = tl.arange(0, K)

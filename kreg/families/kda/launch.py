@@ -223,7 +223,8 @@ def run_prep(call: Call, tile, tables):
     scalar gate's gq and gkt are [NC, HV, C] fp32 row scales and dec one decay per chunk
     [NC, HV] (kernels._scan_step)."""
     seq_chunk, chunk_seq, nc = tables
-    HV, K, V, C = call.v.shape[2], call.k.shape[-1], call.v.shape[-1], tile.chunk
+    # the kernels' head dims (the spec's: with masked tiles the call's are the caller's)
+    HV, K, V, C = call.v.shape[2], tile.head_dim_k, tile.head_dim_v, tile.chunk
     dev, dt = call.q.device, call.q.dtype
     w = torch.empty((nc, HV, C, K), dtype=dt, device=dev)
     u = torch.empty((nc, HV, C, V), dtype=dt, device=dev)
@@ -247,7 +248,7 @@ def run_scan(call: Call, tile, scan, tables, tiles, seg_map=None):
     """The scan (and, with segments, its map and combine kernels) over stored tiles;
     ``seg_map``: the segments' maps where already computed (``segment_maps``)."""
     seq_chunk = tables[0]
-    HV, V = call.v.shape[2], call.v.shape[-1]
+    HV = call.v.shape[2]
     n_states = _n_states(call)
     o, ht, hs = _outputs(call)
     h0, seg = call.initial_state, scan.segment_chunks
@@ -258,7 +259,7 @@ def run_scan(call: Call, tile, scan, tables, tiles, seg_map=None):
         scalars["NSEG"] = seg_map.shape[1]  # the maps' (given ones planned for this call)
         h0 = segment_starts(call, seg_map, scan, seq_chunk, n_states, tile.fp32_dot)
     _launch(
-        scan_launch(scan), (V // scan.block_v, n_states * HV, scalars["NSEG"]),
+        scan_launch(scan), (v_blocks(scan), n_states * HV, scalars["NSEG"]),
         *_qk(call, scan), *tiles, o, h0, ht, hs, _chunk_state_table(call, scan), seq_chunk, call.cu_seqlens,
         **scalars,
     )  # fmt: skip
@@ -271,7 +272,7 @@ def segment_maps(call: Call, tiles, scan, seq_chunk, n_states: int, map_last: bo
     nor its last segment's unless ``map_last``: the scan needs none of those).
     ``seq_chunk`` and ``call.cu_seqlens`` may start at any sequence (the first ``n_states``
     from there are mapped)."""
-    HV, K, V = call.v.shape[2], call.k.shape[-1], call.v.shape[-1]
+    HV, K, V = call.v.shape[2], scan.head_dim_k, scan.head_dim_v
     # runtime_args.segment_count: for the longest sequence; segments past a sequence's end do
     # nothing.
     scalars = _scan_scalars(call, scan.chunk, scan.segment_chunks)
@@ -279,7 +280,7 @@ def segment_maps(call: Call, tiles, scan, seq_chunk, n_states: int, map_last: bo
     seg_map = torch.empty((n_states, n_seg, HV, K, K + V), dtype=torch.float32,
                           device=call.q.device)  # fmt: skip
     _launch(
-        segment_map_launch(scan), ((K + V) // scan.block_v, n_states * HV, n_seg),
+        segment_map_launch(scan), (K // scan.block_v + v_blocks(scan), n_states * HV, n_seg),
         *_qk(call, scan), *tiles, seg_map, seq_chunk, call.cu_seqlens, **scalars,
         MAP_LAST=int(map_last),
     )  # fmt: skip
@@ -289,15 +290,22 @@ def segment_maps(call: Call, tiles, scan, seq_chunk, n_states: int, map_last: bo
 def segment_starts(call: Call, seg_map, scan, seq_chunk, n_states: int, fp32_dot: str):
     """Sequence-parallel scan, pass 2: the serial chain over segments from the initial state.
     Returns the start states [N, NSEG, HV, K, V] fp32."""
-    HV, V = call.v.shape[2], call.v.shape[-1]
+    HV, V = call.v.shape[2], scan.head_dim_v
     starts = torch.empty((*seg_map.shape[:-1], V), dtype=torch.float32, device=call.q.device)
     scalars = _scan_scalars(call, scan.chunk, scan.segment_chunks)
     _launch(
-        segment_combine_launch(scan, fp32_dot), (V // scan.block_v, n_states * HV),
+        segment_combine_launch(scan, fp32_dot), (v_blocks(scan), n_states * HV),
         seg_map, starts, call.initial_state, seq_chunk, call.cu_seqlens,
         T=scalars["T"], HV=scalars["HV"], NSEG=seg_map.shape[1],  # it reads no token rows: no H
     )  # fmt: skip
     return starts
+
+
+def v_blocks(scan) -> int:
+    """The scan's V blocks that hold a caller's column: with masked tiles a block wholly past
+    the caller's V (V = 192 at 256 in blocks of 64) is not launched, nor its segment maps'
+    columns and start states, which nothing else reads."""
+    return triton.cdiv(scan.input_dim_v or scan.head_dim_v, scan.block_v)
 
 
 def _qk(call: Call, scan) -> tuple:

@@ -194,7 +194,7 @@ def features(problem) -> dict[str, float]:
 
 
 def _kernel_dims(problem) -> tuple[int, int]:
-    """The head dims the kernels run (a K or V they lack runs zero-padded: api._pad_inputs)."""
+    """The head dims the kernels run (a K or V they lack runs at the next one: masked tiles)."""
     return kspecs.padded_head_dim(problem.head_dim_k), kspecs.padded_head_dim(problem.head_dim_v)
 
 

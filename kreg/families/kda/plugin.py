@@ -39,7 +39,7 @@ def accepts(problem: LinearAttentionProblem) -> Verdict:
          f"gate={problem.gate!r}: KDA gates are per-channel (broadcast a scalar gate over K)"),
         (max(problem.head_dim_k, problem.head_dim_v) <= specs.MAX_HEAD_DIM,
          f"head dims K={problem.head_dim_k}, V={problem.head_dim_v}: at most "
-         f"{specs.MAX_HEAD_DIM} (smaller ones run zero-padded to {specs.HEAD_DIMS})"),
+         f"{specs.MAX_HEAD_DIM} (smaller ones run at the next of {specs.HEAD_DIMS})"),
     )  # fmt: skip
 
 

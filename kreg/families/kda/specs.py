@@ -61,12 +61,41 @@ def _pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def input_dim(d: int) -> int:
+    """A spec's ``input_dim_k`` / ``input_dim_v`` for a problem head dim ``d``: 0 where the
+    kernels run ``d`` itself, else ``d`` (masked tiles: the kernels read and write the caller's
+    ``d`` columns through masks, their tiles at ``padded_head_dim(d)``)."""
+    return 0 if padded_head_dim(d) == d else d
+
+
+def reads_caller_dims(spec) -> bool:
+    """Whether ``spec``'s kernels read a caller's head dim below their own through masks (the
+    chunked paths of a per-channel gate, specialised to such a problem), so that the call needs
+    no zero-padded copies (``api.run_selection``); the recurrent step and a scalar gate's
+    kernels run on padded copies."""
+    tile = getattr(spec, "tile", None)
+    return tile is not None and (tile.input_dim_k or tile.input_dim_v) != 0
+
+
+def padded_spec(spec):
+    """``spec`` run on zero-padded copies instead of masked tiles (context parallel, whose
+    composed maps are sized from the call's tensors)."""
+    if not hasattr(spec, "tile"):
+        return spec
+    unmasked = dict(input_dim_k=0, input_dim_v=0)
+    return attrs.evolve(spec, tile=attrs.evolve(spec.tile, **unmasked),
+                        scan=attrs.evolve(spec.scan, **unmasked))  # fmt: skip
+
+
 @attrs.frozen
 class KdaTileSpec:
     """Prep kernel: the six state-independent tiles of one chunk per program."""
 
     head_dim_k: int = 128
     head_dim_v: int = 128
+    # the caller's head dims where the kernels' are padded ones (masked tiles), else 0
+    input_dim_k: int = attrs.field(default=0, kw_only=True)
+    input_dim_v: int = attrs.field(default=0, kw_only=True)
     dtype: str = "bf16"
     chunk: int = 64
     # Sub-block of the blocked solve, and the span of one exponent anchor.
@@ -114,6 +143,9 @@ class KdaScanSpec:
 
     head_dim_k: int = 128
     head_dim_v: int = 128
+    # the caller's head dims where the kernels' are padded ones (masked tiles), else 0
+    input_dim_k: int = attrs.field(default=0, kw_only=True)
+    input_dim_v: int = attrs.field(default=0, kw_only=True)
     dtype: str = "bf16"
     chunk: int = 64
     block_v: int = 64
@@ -277,10 +309,21 @@ def enumerate_fused_specs(target: Target) -> list[KdaChunkFusedSpec]:
 # --- rules ---------------------------------------------------------------------------------------
 
 
-def _shape_rules(head_dim_k: int, head_dim_v: int, chunk: int, dtype: str) -> Verdict:
+def _shape_rules(spec) -> Verdict:
+    head_dim_k, head_dim_v, chunk, dtype = spec.head_dim_k, spec.head_dim_v, spec.chunk, spec.dtype
+    ik, iv = spec.input_dim_k, spec.input_dim_v
     return Verdict.check(
         (head_dim_k in HEAD_DIMS, f"head_dim_k={head_dim_k} not in supported {HEAD_DIMS}"),
         (head_dim_v in HEAD_DIMS, f"head_dim_v={head_dim_v} not in supported {HEAD_DIMS}"),
+        (
+            0 <= ik < head_dim_k and 0 <= iv < head_dim_v,
+            f"input_dim_k={ik}, input_dim_v={iv} must be 0 (the kernel's head dim) or a caller's "
+            f"smaller one (below head_dim_k={head_dim_k}, head_dim_v={head_dim_v})",
+        ),
+        (
+            not (spec.scalar_gate and (ik or iv)),
+            "a scalar gate's kernels run on padded copies: input_dim_k and input_dim_v must be 0",
+        ),
         (chunk in CHUNKS, f"chunk={chunk} not in {CHUNKS}"),
         (dtype in DTYPE_BYTES, f"dtype={dtype!r} not in {tuple(DTYPE_BYTES)}"),
     )
@@ -306,7 +349,7 @@ def numeric_rule(solve_block: int, lower_bound: float | None, anchor: str = "blo
 
 def is_valid_tile_spec(spec: KdaTileSpec, target: Target, problem=None) -> Verdict:
     est = spec.shared_bytes_estimate()
-    v = _shape_rules(spec.head_dim_k, spec.head_dim_v, spec.chunk, spec.dtype) & Verdict.check(
+    v = _shape_rules(spec) & Verdict.check(
         (spec.solve_block in SOLVE_BLOCKS, f"solve_block={spec.solve_block} not in {SOLVE_BLOCKS}"),
         (spec.solve_block <= spec.chunk and spec.chunk % spec.solve_block == 0,
          f"solve_block={spec.solve_block} must divide chunk={spec.chunk}"),
@@ -342,7 +385,7 @@ def _state_rules(spec: KdaScanSpec) -> Verdict:
 def is_valid_scan_spec(spec: KdaScanSpec, target: Target, problem=None) -> Verdict:
     est = spec.shared_bytes_estimate()
     budget = target.shared_mem_per_unit // max(1, spec.min_occupancy)
-    rules = _shape_rules(spec.head_dim_k, spec.head_dim_v, spec.chunk, spec.dtype)
+    rules = _shape_rules(spec)
     return rules & _state_rules(spec) & Verdict.check(
         (_pow2(spec.block_v) and 16 <= spec.block_v <= spec.head_dim_v
          and spec.head_dim_v % spec.block_v == 0,
@@ -422,8 +465,10 @@ def bitwise_pair(fused: KdaChunkFusedSpec) -> KdaSplitSpec:
 
 def _pairing_rule(t: KdaTileSpec, s: KdaScanSpec) -> Verdict:
     return Verdict.check(
-        ((t.head_dim_k, t.head_dim_v, t.dtype, t.chunk, t.varlen, t.scalar_gate)
-         == (s.head_dim_k, s.head_dim_v, s.dtype, s.chunk, s.varlen, s.scalar_gate),
+        ((t.head_dim_k, t.head_dim_v, t.input_dim_k, t.input_dim_v, t.dtype, t.chunk, t.varlen,
+          t.scalar_gate)
+         == (s.head_dim_k, s.head_dim_v, s.input_dim_k, s.input_dim_v, s.dtype, s.chunk, s.varlen,
+             s.scalar_gate),
          "tile and scan specs disagree on head dims, dtype, chunk, varlen or scalar_gate"),
     )  # fmt: skip
 
@@ -432,11 +477,14 @@ def _pairing_rule(t: KdaTileSpec, s: KdaScanSpec) -> Verdict:
 
 
 def _problem_fields(problem) -> tuple[dict, dict]:
-    # the problem's head dims are the caller's; the kernels run at the padded ones
+    # the problem's head dims are the caller's; the kernels run at the padded ones, reading a
+    # per-channel gate's inputs at the caller's through masks (a scalar gate's: padded copies)
+    scalar = problem.gate == "scalar"
+    K, V = problem.head_dim_k, problem.head_dim_v
     shape = dict(
-        head_dim_k=padded_head_dim(problem.head_dim_k),
-        head_dim_v=padded_head_dim(problem.head_dim_v), dtype=problem.dtype,
-        varlen=problem.varlen, scalar_gate=problem.gate == "scalar",
+        head_dim_k=padded_head_dim(K), head_dim_v=padded_head_dim(V),
+        input_dim_k=0 if scalar else input_dim(K), input_dim_v=0 if scalar else input_dim(V),
+        dtype=problem.dtype, varlen=problem.varlen, scalar_gate=scalar,
     )  # fmt: skip
     tile = dict(
         gate_activation=problem.gate_activation, qk_l2norm=problem.qk_l2norm,
