@@ -3,7 +3,8 @@
 Under the interpreter the replay launches through ``fn[grid](...)``; the compiled launchers are
 the GPU lane's (``tests/test_kda_hostpath_gpu.py``). What holds here: replays equal the normal
 path bit for bit with fresh outputs, they skip validation and selection, what a replay cannot
-reproduce gets no plan, and a call that differs in anything validated misses the key.
+reproduce (a padded copy) gets no plan, and a call that differs in anything validated misses
+the key.
 """
 
 from __future__ import annotations
@@ -65,13 +66,22 @@ def test_replay_equals_the_normal_path(fresh, fn):
     assert replays[0][0].data_ptr() != first[0].data_ptr()  # outputs are fresh tensors
 
 
-def test_what_a_replay_cannot_reproduce_gets_no_plan(fresh):
-    """A head dim served zero-padded copies its inputs per call: no plan, right results."""
-    x = inputs(20, K=20)
+@pytest.mark.parametrize("fn", ["chunk", "recurrent"])
+def test_a_head_dim_the_kernels_lack(fresh, fn):
+    """K = 20 (kernels at 32): the chunked form reads it through masked tiles, so its calls
+    are planned and replayed; the decode step runs on zero-padded copies made per call, which a
+    replay cannot reproduce: no plan, every call the normal path. Right results either way."""
+    T = 20 if fn == "chunk" else 1
+    call = chunk_kda if fn == "chunk" else fused_recurrent_kda
+    x = inputs(T, K=20)
     gate = dict(GATE, dt_bias=torch.zeros(40))
-    outs = [chunk_kda(**x, output_final_state=True, **gate) for _ in range(3)]
-    assert list(api._plans.values()) == [False]
-    assert len(fresh) == 3
+    outs = [call(**x, output_final_state=True, **gate) for _ in range(3)]
+    if fn == "chunk":
+        assert [type(p) for p in api._plans.values()] == [plans.Plan]
+        assert len(fresh) == 2  # the third call replayed
+    else:
+        assert list(api._plans.values()) == [False]
+        assert len(fresh) == 3
     assert_bitwise_equal(outs[2], outs[0])
 
 
