@@ -51,6 +51,20 @@ TWO = [
     # every token on one rank: the result is the single-process one bit for bit
     Case("varlen-rank1-empty", (0, 100, 100), VARLEN, specs=((16, 0), (16, 0)), seed=5),
     Case("fixed-rank0-empty", (0, 0, 64), h0=None, specs=((16, 2), (16, 2)), seed=6),
+    # head dims the kernels lack (run at 32 on zero-padded copies, the outputs and the final
+    # states cut back to K = 24, V = 20), [V, K] initial states, a sequence cut between ranks
+    Case(
+        "varlen-vk-odd-dims",
+        (0, 52, 100),
+        VARLEN,
+        dtype=FP32,
+        h0=torch.bfloat16,
+        layout="vk",
+        K=24,
+        V=20,
+        HV=2,
+        seed=11,
+    ),  # fmt: skip
 ]
 THREE = [
     # one sequence over all three ranks (a chain of two maps), none a whole number of chunks

@@ -327,11 +327,12 @@ def run_cp(cp: CpCall, selection):
     the scan. ``selection`` is a split selection for ``cp.problem`` (``kda.split``,
     ``gdn.split``: the tiles of either gate kind feed the same scan and map kernels)."""
     plan, call = cp.plan, cp.call
-    HV, V = cp.v.shape[2], cp.v.shape[3]
-    K = cp.k_dim
-    dev = cp.v.device
-    spec = padded_spec(selection.spec)  # the composed maps are sized from the call's tensors
+    # on zero-padded copies (make_cp_call) at the kernels' head dims: the composed maps and the
+    # incoming states are sized from them, the outputs cut back to the caller's at the end
+    spec = padded_spec(selection.spec)
     tile, scan = spec.tile, spec.scan
+    HV, K, V = cp.v.shape[2], scan.head_dim_k, scan.head_dim_v
+    dev = cp.v.device
     send = torch.zeros((plan.slots, HV, K, K + V), dtype=torch.float32, device=dev)
     tables = tiles = seg_map = None
     if call is not None:
@@ -344,15 +345,17 @@ def run_cp(cp: CpCall, selection):
             send[: len(plan.open)] = _open_maps(call, plan, tile, scan, tables, tiles, seg_map)
     gathered = _all_gather(send, cp.group)
     starts = _incoming(cp, gathered, scan, tile.fp32_dot)
+    Kc, Vc = cp.k_dim, cp.v.shape[3]  # the caller's
     if call is None:
         o, ht = cp.v.new_empty(cp.v.shape), starts
     else:
         o, ht, _ = launch.run_scan(attrs.evolve(call, initial_state=starts), tile, scan, tables,
                                    tiles, seg_map)  # fmt: skip
+        o = o if Vc == V else o[..., :Vc].contiguous()
     if not cp.output_final_state:
         return o, None
-    ht = ht[list(plan.owned)]
-    return o, ht.transpose(-1, -2).contiguous() if cp.state_layout == "vk" else ht
+    ht = ht[list(plan.owned)][..., :Kc, :Vc]
+    return o, (ht.transpose(-1, -2) if cp.state_layout == "vk" else ht).contiguous()
 
 
 def _open_maps(call, plan: CpPlan, tile, scan, tables, tiles, seg_map):
@@ -426,15 +429,15 @@ def _incoming(cp: CpCall, gathered: torch.Tensor, scan, fp32_dot: str) -> torch.
     sequence's initial state (or zeros); one that continues from earlier ranks from the chain
     of their maps, in rank order, from that initial state."""
     plan, h0 = cp.plan, cp.initial_state
-    HV, V = cp.v.shape[2], cp.v.shape[3]
-    K = cp.k_dim
+    HV, K, V = cp.v.shape[2], scan.head_dim_k, scan.head_dim_v  # the kernels' (padded)
+    Kc, Vc = cp.k_dim, cp.v.shape[3]  # the caller's: the initial states', zero-padded here
     P = len(plan.seqs)
     starts = torch.zeros((P, HV, K, V), dtype=torch.float32, device=cp.v.device)
     fresh = [p for p in range(P) if not plan.preds[p]]
     cont = [p for p in range(P) if plan.preds[p]]
     if h0 is not None and fresh:
         rows = h0[[plan.seqs[p] for p in fresh]].float()
-        starts[fresh] = rows.transpose(-1, -2) if cp.state_layout == "vk" else rows
+        starts[fresh, :, :Kc, :Vc] = rows.transpose(-1, -2) if cp.state_layout == "vk" else rows
     if cont:
         # per continuing piece, the earlier ranks' maps then one zero map, so that the
         # combine kernel stores the state after the last of them
@@ -447,7 +450,9 @@ def _incoming(cp: CpCall, gathered: torch.Tensor, scan, fp32_dot: str) -> torch.
         chain = chain.view(len(cont), nseg, HV, K, K + V)
         h0c = None
         if h0 is not None:
-            h0c = h0[[plan.seqs[p] for p in cont]].contiguous()
+            h0c = h0[[plan.seqs[p] for p in cont]]
+            tail = (K, V) if cp.state_layout == "kv" else (V, K)
+            h0c = api._padded_copy(h0c, (*h0c.shape[:2], *tail))
         x_scan = attrs.evolve(scan, state_layout=cp.state_layout, head_dim_v=V)
         out = _combine(chain, h0c, [c + 1 for c in counts], x_scan, 1, fp32_dot, 1)
         starts[cont] = out[torch.arange(len(cont)), torch.tensor(counts)]
