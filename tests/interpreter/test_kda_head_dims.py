@@ -221,3 +221,29 @@ def test_a_v_block_past_the_callers_v_is_not_launched(monkeypatch):
     numerics.assert_equal(got[0], want[0][..., :V].contiguous(), "o")
     for what, a, b in zip(("final state", "chunk states"), got[1:], want[1:], strict=True):
         numerics.assert_equal(a, b[..., :K, :V].contiguous(), what)
+
+
+@numerics.NON_FINITE_EXPECTED
+@pytest.mark.parametrize("name", ["k", "v", "g"])
+def test_masked_tiles_contain_a_non_finite_input(name):
+    """K = 20, V = 24 (masked tiles at 32), softplus gates: NaN in one real channel at every
+    position p of three chunks (batch row p): outputs before p bit for bit the clean run's,
+    every output from p on NaN, the final state NaN."""
+    K, V, T = 20, 24, 48
+    base = numerics.make(T=T, H=1, HV=1, K=K, V=V, dtype=FP32, seed=21)
+    gen = torch.Generator().manual_seed(22)
+    gate = dict(A_log=torch.randn(1, generator=gen), dt_bias=torch.randn(K, generator=gen),
+                gate_activation="softplus")  # fmt: skip
+    kw = dict(output_final_state=True, **gate)
+    ref, _ = api.kda_prefill(**base, **kw)
+    y = {n: t.expand(T, *t.shape[1:]).contiguous() for n, t in base.items()}
+    rows = torch.arange(T)
+    ch = torch.randint(0, y[name].shape[-1], (T,), generator=gen)
+    y[name][rows, rows, 0, ch] = float("nan")
+    o, ht = api.kda_prefill(**y, **kw)
+    problem, _ = api._prepare(**_prepare_args(y, **kw))
+    assert reads_caller_dims(select(problem, "sm90").spec)
+    for p in range(T):
+        numerics.assert_equal(o[p, :p], ref[0, :p], f"{name}=NaN at p={p}: o[:p]")
+        assert o[p, p:].isnan().all(), f"{name}=NaN at p={p}: a finite output from p on"
+        assert ht[p].isnan().all(), f"{name}=NaN at p={p}: the final state not all NaN"
