@@ -7,6 +7,12 @@
 #     - `kreg bench kda --quick` on the cases named (default: the B1 T8192 H32 regimes, the B4
 #       softplus pair and the varlen batch: three fla shapes, ~100 s of fla autotuning each),
 #       fla in the same run: $OUT/gates.md, $OUT/gates.json (-> docs/kda/quick/, GATES.md)
+#   OUT=... bash scripts/device_next.sh heads
+#     - the KDA GPU tests of masked tiles (hand-padded runs and split == fused, bit for bit)
+#     - `kreg bench kda --quick` on the head-dim cases (K = V = 96, 192: masked tiles since
+#       939838d, never timed; 256), fla in the same run: $OUT/heads.md, $OUT/heads.json
+#       (-> merge into docs/kda/quick with `python benchmarks/kda_grid.py merge
+#       docs/kda/quick/results.json OUT/heads.json --supersede --out docs/kda/quick`, GATES.md)
 #   OUT=... bash scripts/device_next.sh gdn
 #     - the GDN GPU tests, the host-path ones and JIT = AOT: $OUT/tests.log
 #     - `kreg bench gdn --quick` (its twelve cases, four held out; fla in the same run): $OUT/gdn.md, $OUT/gdn.json
@@ -37,7 +43,7 @@
 #     --supersede --out docs/kda/grid` and `... validate docs/kda/grid_sweep.json --bench
 #     docs/kda/grid/results.json`.
 set -uo pipefail
-step="${1:?usage: device_next.sh gates [CASE...] | gdn | kernels SCENARIO [CASE...] | ab SCENARIO BASE [CASE...] | scans SCENARIO [CASE...] | host | sweep | grid CASE...}"
+step="${1:?usage: device_next.sh gates [CASE...] | heads | gdn | kernels SCENARIO [CASE...] | ab SCENARIO BASE [CASE...] | scans SCENARIO [CASE...] | host | sweep | grid CASE...}"
 shift
 source "$(dirname "$0")/gpu_env.sh"
 case "$step" in
@@ -49,6 +55,15 @@ gates)
     --workers 14 --deadline-s "${GATES_DEADLINE:-370}" --out /tmp/gates >"$OUT/gates.log" 2>&1
   cp /tmp/gates/RESULTS.md "$OUT/gates.md"
   cp /tmp/gates/results.json "$OUT/gates.json"
+  ;;
+heads)
+  timeout "${TESTS_TIMEOUT:-150}" python3 -m pytest -m gpu -q -rf -n 8 -p no:cacheprovider \
+    tests/test_kda_gpu.py -k "masked or padded_head_dims" >"$OUT/tests.log" 2>&1
+  timeout "${HEADS_TIMEOUT:-400}" python3 -m kreg bench kda --cases head_dims --quick \
+    --no-progress --workers 14 --deadline-s "${HEADS_DEADLINE:-370}" --out /tmp/heads \
+    >"$OUT/heads.log" 2>&1
+  cp /tmp/heads/RESULTS.md "$OUT/heads.md"
+  cp /tmp/heads/results.json "$OUT/heads.json"
   ;;
 gdn)
   timeout "${TESTS_TIMEOUT:-150}" python3 -m pytest -m gpu -q -rf -n 8 -p no:cacheprovider \
