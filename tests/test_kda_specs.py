@@ -91,6 +91,12 @@ TILE_REJECTIONS = [
     ("shared_per_block_gfx942", dict(chunk=64), "gfx942",
      "shared memory estimate 114688 B > 65536 B per block on gfx942"),
     ("ballast", dict(ballast_bytes=100), "sm90", "ballast_bytes=100 must be 0 or a power of 2"),
+    # masked tiles: the caller's head dims below the kernel's, or 0
+    ("input_dim_k_full", dict(input_dim_k=128), "sm90", "input_dim_k=128, input_dim_v=0 must be 0"),
+    ("input_dim_v_above", dict(input_dim_v=200), "sm90", "input_dim_k=0, input_dim_v=200 must be 0"),
+    ("input_dim_negative", dict(input_dim_k=-1), "sm90", "input_dim_k=-1"),
+    ("input_dim_scalar_gate", dict(input_dim_k=96, scalar_gate=True), "sm90",
+     "a scalar gate's kernels run on padded copies"),
     ("ballast_small", dict(ballast_bytes=256), "sm90", "ballast_bytes=256"),
     ("shared_per_block_gfx950", dict(head_dim_k=256, head_dim_v=256, chunk=64), "gfx950",
      "shared memory estimate 212992 B > 163840 B per block on gfx950"),
@@ -114,6 +120,19 @@ def test_tile_admissions():
     assert big.shared_bytes_estimate() == 212992
     assert S.is_valid_tile_spec(big, SM90).ok
     assert not S.is_valid_tile_spec(big, GFX950).ok
+
+
+def test_masked_tiles_pair_only_with_the_same_caller_dims():
+    tile = S.KdaTileSpec(chunk=16, input_dim_k=96, input_dim_v=96)
+    scan = S.KdaScanSpec(chunk=16, input_dim_k=96, input_dim_v=96)
+    assert S.is_valid_split_spec(S.KdaSplitSpec(tile, scan), SM90).ok
+    other = attrs.evolve(scan, input_dim_v=0)
+    assert "disagree on head dims" in reasons_of(
+        S.is_valid_split_spec(S.KdaSplitSpec(tile, other), SM90)
+    )
+    assert "input_dim_k=96, input_dim_v=200 must be 0" in reasons_of(
+        S.is_valid_scan_spec(attrs.evolve(scan, input_dim_v=200), SM90)
+    )
 
 
 def test_every_reason_is_listed():

@@ -327,7 +327,7 @@ def run_cp(cp: CpCall, selection):
     the scan. ``selection`` is a split selection for ``cp.problem`` (``kda.split``,
     ``gdn.split``: the tiles of either gate kind feed the same scan and map kernels)."""
     plan, call = cp.plan, cp.call
-    # on zero-padded copies (make_cp_call) at the kernels' head dims: the composed maps and the
+    # on zero-padded copies (prepare_cp) at the kernels' head dims: the composed maps and the
     # incoming states are sized from them, the outputs cut back to the caller's at the end
     spec = padded_spec(selection.spec)
     tile, scan = spec.tile, spec.scan

@@ -632,7 +632,7 @@ def _state_in(base, idx, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, v0,
     columns (the padded path's zero-padded state)."""
     if KI + VI > 0:
         s = tl.load(_state_ptrs(base, idx, K, V, BV, v0, STATE_VK, KI, VI),
-                    mask=_state_fits(K, BV, v0, KI, VI), other=0.0)  # fmt: skip
+                    mask=_state_fits(K, V, BV, v0, KI, VI), other=0.0)  # fmt: skip
     else:
         s = tl.load(_state_ptrs(base, idx, K, V, BV, v0, STATE_VK))
     return s.to(tl.float32)
@@ -644,7 +644,7 @@ def _state_out(base, idx, s, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     """Store a caller's state block in ``base``'s dtype (with masked tiles its KI x VI part),
     where ``mask``."""
     if KI + VI > 0:
-        fits = _state_fits(K, BV, v0, KI, VI)
+        fits = _state_fits(K, V, BV, v0, KI, VI)
         if mask is not None:
             fits = fits & mask
         tl.store(_state_ptrs(base, idx, K, V, BV, v0, STATE_VK, KI, VI),
@@ -655,14 +655,12 @@ def _state_out(base, idx, s, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
 
 
 @triton.jit
-def _state_fits(K: tl.constexpr, BV: tl.constexpr, v0, KI: tl.constexpr, VI: tl.constexpr):
+def _state_fits(K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, v0, KI: tl.constexpr,
+                VI: tl.constexpr):  # fmt: skip
     """[K, BV]: the entries of the block at ``v0`` inside the caller's KI x VI state."""
     kk = tl.arange(0, K)[:, None]
     vv = v0 + tl.arange(0, BV)[None, :]
-    fits = (kk < CALLER_DIM(KI, K)) & (vv >= 0)
-    if VI > 0:
-        fits = fits & (vv < VI)
-    return fits
+    return (kk < CALLER_DIM(KI, K)) & (vv < CALLER_DIM(VI, V))
 
 
 @triton.jit
