@@ -208,8 +208,49 @@ def profile(names, out: Path, calls: int, family="kda") -> None:
         prof.disable()
         torch.cuda.synchronize()
         text.write(f"== {name}: {calls} planned calls ==\n")
+        text.write(stages(lambda fn=fn, x=x, kw=kw: fn(**x, **kw), calls) + "\n")
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
     (out / "profile.txt").write_text(text.getvalue())
+
+
+def stages(call, calls: int, reps: int = 7) -> str:
+    """A planned call's host time in stages (medians, microseconds per call, no profiler): the
+    whole call; the plan's replay (``Plan.run``: allocations and launches); its launches alone
+    on buffers allocated once; the rest (the entry's checks, the key) is the difference."""
+    from kreg.families.kda import plans
+
+    seen = []
+    real = plans.Plan.run
+
+    def spy(self, inputs):
+        seen.append((self, inputs))
+        return real(self, inputs)
+
+    plans.Plan.run = spy
+    try:
+        call()
+    finally:
+        plans.Plan.run = real
+    if not seen:
+        return "stages: the call took the normal path (no plan)"
+    plan, inputs = seen[-1]
+    whole = host_us(call, calls, reps)
+    replay = host_us(lambda: plan.run(inputs), calls, reps)
+    if not plan.compiled:
+        return f"stages: whole {whole:.1f} us, replay {replay:.1f} (interpreted)"
+    held = [
+        torch.empty(shape, dtype=dtype, device=device) for shape, dtype, device, _ in plan.buffers
+    ]
+    buffers = [b.data_ptr() for b in held]
+    addresses = {r: None if t is None else t.data_ptr() for r, t in inputs.items()}
+    launches = host_us(lambda: plans._launch_compiled(plan.launches, addresses, buffers,
+                                                      plan.device), calls, reps)  # fmt: skip
+    direct = sum(L.direct is not None for L in plan.launches)
+    return (
+        f"stages: whole {whole:.1f} us = entry and key {whole - replay:.1f} + replay "
+        f"{replay:.1f} (allocations {replay - launches:.1f} + {len(plan.launches)} launches "
+        f"{launches:.1f}, {direct} direct)"
+    )
 
 
 def main():
@@ -220,6 +261,7 @@ def main():
     ap.add_argument("--cases", nargs="+", metavar="CASE", help="only these cases (default: all)")
     ap.add_argument("--profile", nargs="+", metavar="CASE", help="profile these cases instead")
     ap.add_argument("--family", choices=sorted(FAMILIES), default="kda")
+    ap.add_argument("--no-fla", action="store_true", help="kreg's rows only (an A/B of kreg)")
     args = ap.parse_args()
     if args.profile:
         out = Path(args.out)
@@ -227,7 +269,9 @@ def main():
         with torch.no_grad():
             profile(set(args.profile), out, args.calls, args.family)
         return
-    chunk, recurrent, version = load_fla(args.family)
+    chunk, recurrent, version = (
+        (None, None, "not run (--no-fla)") if args.no_fla else load_fla(args.family)
+    )
     if chunk is None:
         print(f"fla-core {version}: kreg rows only", file=sys.stderr)
     result = {"family": args.family, "device": torch.cuda.get_device_name(),

@@ -32,6 +32,10 @@
 #       docs/gdn/scan_specs.jsonl; KDA's not yet)
 #   OUT=... bash scripts/device_next.sh host
 #     - benchmarks/kda_host_time.py (issue 23's 30 us goal): $OUT/host_time.json
+#   OUT=... bash scripts/device_next.sh hostab BASE [CASE...]
+#     - host time of kreg alone on this tree and on BASE's kreg package (as for ab), then
+#       the tree's profile with the stages of a planned call: $OUT/{tree,base}/host_time.json,
+#       $OUT/profile.txt
 #   OUT=... bash scripts/device_next.sh sweep | grid CASE...
 #     - the spec sweep over the whole grid, kreg only, and the GPU tests it needs; then the grid
 #       cases whose selection the refit changed, fla in the same run. Here (CPU), between the two:
@@ -43,7 +47,7 @@
 #     --supersede --out docs/kda/grid` and `... validate docs/kda/grid_sweep.json --bench
 #     docs/kda/grid/results.json`.
 set -uo pipefail
-step="${1:?usage: device_next.sh gates [CASE...] | heads | gdn | kernels SCENARIO [CASE...] | ab SCENARIO BASE [CASE...] | scans SCENARIO [CASE...] | host | sweep | grid CASE...}"
+step="${1:?usage: device_next.sh gates [CASE...] | heads | gdn | kernels SCENARIO [CASE...] | ab SCENARIO BASE [CASE...] | scans SCENARIO [CASE...] | host | hostab BASE [CASE...] | sweep | grid CASE...}"
 shift
 source "$(dirname "$0")/gpu_env.sh"
 case "$step" in
@@ -100,6 +104,19 @@ host)
   timeout "${HOST_TIMEOUT:-500}" python3 benchmarks/kda_host_time.py --out "$OUT" \
     >"$OUT/host.log" 2>&1
   ;;
+hostab)
+  base="${1:?device_next.sh hostab: name the folder holding the baseline kreg package}"
+  shift
+  [ "$#" -gt 0 ] || set -- "prefill 1x4096 H32" "varlen 7 mixed H32" "decode N64 H32" "decode pool N64 H32"
+  for side in tree base; do
+    path="$PYTHONPATH"
+    [ "$side" = base ] && path="$PWD/$base:$PYTHONPATH"
+    PYTHONPATH="$path" timeout "${HOSTAB_TIMEOUT:-150}" python3 benchmarks/kda_host_time.py \
+      --no-fla --out "$OUT/$side" --cases "$@" >"$OUT/$side.log" 2>&1
+  done
+  timeout "${PROFILE_TIMEOUT:-100}" python3 benchmarks/kda_host_time.py --profile "$@" \
+    --calls 300 --out "$OUT" >"$OUT/profile.log" 2>&1
+  ;;
 sweep)
   timeout "${SWEEP_TIMEOUT:-400}" python3 benchmarks/kda_grid.py sweep --no-peer --workers 14 \
     --deadline-s "${SWEEP_DEADLINE:-380}" --out "$OUT/sweep.json" 2>&1 | tail -n 60 >"$OUT/sweep.log"
@@ -116,7 +133,7 @@ grid)
     >"$OUT/grid.log" 2>&1
   ;;
 *)
-  echo "device_next.sh: unknown step $step (gates | gdn | kernels | ab | scans | host | sweep | grid)" >&2
+  echo "device_next.sh: unknown step $step (gates | gdn | kernels | ab | scans | host | hostab | sweep | grid)" >&2
   exit 2
   ;;
 esac

@@ -232,6 +232,8 @@ _MAX_PLANS = 4096  # keys of many packed lengths (an engine's prefills) must not
 # the launch call's tensors a plan takes from each call, by role (``_plan_inputs``)
 _PLAN_ROLES = ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias", "cu_seqlens",
                "state_indices")  # fmt: skip
+_PLAIN = frozenset((type(None), bool, int, float, str))  # no tensor: isinstance costs 0.1 us
+_TENSOR = object()  # marks an option's tensor in a key: no value a caller passes equals it
 _PLAN_TENSORS = ("initial_state", "cu_seqlens", "cu_seqlens_cpu", "A_log", "dt_bias",
                  "initial_state_indices", "initial_state_indices_cpu")  # fmt: skip
 
@@ -241,35 +243,32 @@ def clear_plans() -> None:
     _plans.clear()
 
 
-def _describe(x, grad: bool):
-    """What a compiled launch depends on in a tensor: shape, dtype, device, contiguity, 16-byte
-    alignment (Triton specialises pointers on it), and with grad on whether it requires grad
-    (validation refuses it then, and only then)."""
-    if grad:
-        return (x.shape, x.dtype, x.device, x.is_contiguous(), x.data_ptr() % 16,
-                x.requires_grad)  # fmt: skip
-    return (x.shape, x.dtype, x.device, x.is_contiguous(), x.data_ptr() % 16)
-
-
 def plan_key(q, k, v, g, beta, options: dict, extra: tuple):
     """The key of a call's plan, or None where a call is not planned: a tensor's values are read
     on the host (``cu_seqlens_cpu``, host pool indices), a non-tensor sits where a tensor goes, a
     tensor where a number goes (an unhashable key: no plan). Everything validation and the
-    launches read, but no tensor value: a call of a known key passes validation as the first one did, selects the same
-    candidate and spec, and launches the same kernels with the same integers and grids."""
+    launches read, but no tensor value: a call of a known key passes validation as the first
+    one did, selects the same candidate and spec, and launches the same kernels with the same
+    integers and grids. Of a tensor: shape, dtype, device, contiguity, 16-byte alignment
+    (Triton specialises pointers on it), and with grad on whether it requires grad (validation
+    refuses it then, and only then). One flat tuple: the key is made on every call."""
     grad = torch.is_grad_enabled()
-    tensors = []
+    key = [*extra, grad, selector.generation(), *options]  # the options' names, in order
     for x in (q, k, v, g, beta):
         if not isinstance(x, torch.Tensor):
             return None
-        tensors.append(_describe(x, grad))
-    described = []
-    for name, value in options.items():
-        if isinstance(value, torch.Tensor):
-            if name not in _PLAN_TENSORS:
-                return None  # a 0-d scale tensor: its value is read
-            value = _describe(value, grad)
-        described.append((name, value))
+        key += (x.shape, x.dtype, x.device, x.is_contiguous(), x.data_ptr() & 15)
+        if grad:
+            key.append(x.requires_grad)
+    for name, x in options.items():
+        if type(x) in _PLAIN or not isinstance(x, torch.Tensor):
+            key.append(x)
+            continue
+        if name not in _PLAN_TENSORS:
+            return None  # a 0-d scale tensor: its value is read
+        key += (_TENSOR, x.shape, x.dtype, x.device, x.is_contiguous(), x.data_ptr() & 15)
+        if grad:
+            key.append(x.requires_grad)
     cu, indices = options.get("cu_seqlens"), options.get("initial_state_indices")
     if (
         isinstance(cu, torch.Tensor)
@@ -281,8 +280,9 @@ def plan_key(q, k, v, g, beta, options: dict, extra: tuple):
         and _readable_slots(indices, options.get("initial_state_indices_cpu")) is not None
     ):
         return None  # validated on the host every call
-    current = torch.cuda.current_device() if q.device.type == "cuda" else None
-    return (*tensors, *described, *extra, grad, current, selector.generation())
+    if q.is_cuda:
+        key.append(torch.cuda.current_device())
+    return tuple(key)
 
 
 def _plan_inputs(q, k, v, g, beta, options: dict) -> dict:

@@ -18,6 +18,7 @@ Under the Triton interpreter the plan replays through ``fn[grid](...)`` (no comp
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 
 import torch
@@ -162,22 +163,59 @@ def note_launch(lc, grid, args, runtime, kernel) -> None:
 
 class _Launch:
     __slots__ = ("lc", "grid", "names", "template", "slots", "kernel", "run", "function",
-                 "packed")  # fmt: skip
+                 "packed", "direct", "pointers", "keep")  # fmt: skip
 
     def __init__(self, lc, grid, names, template, slots, kernel):
         self.lc, self.grid, self.names = lc, grid, names
         self.template, self.slots = template, slots
         self.kernel = kernel
-        self.run = self.function = self.packed = None
+        self.run = self.function = self.packed = self.direct = self.pointers = None
         if hasattr(kernel, "packed_metadata"):  # a CompiledKernel: its launcher, directly
             self.run = kernel.run  # loads the module on first use
             self.function, self.packed = kernel.function, kernel.packed_metadata
+            self.direct = _direct_launch(self.run, grid, function=self.function)
+            # the literal tensors (cached constants) as addresses: Triton's launcher asks the
+            # driver about every tensor argument (cuPointerGetAttribute) but not about an int
+            self.keep = [x for x in template if isinstance(x, torch.Tensor)]
+            self.pointers = [x.data_ptr() if isinstance(x, torch.Tensor) else x
+                             for x in template]  # fmt: skip
 
     def args(self, inputs, buffers) -> list:
         args = self.template.copy()
         for pos, kind, ref in self.slots:
             args[pos] = inputs[ref] if kind == "in" else buffers[ref]
         return args
+
+    def addresses(self, inputs, buffers) -> list:
+        """The compiled launch's arguments, every tensor as its address (``inputs`` and
+        ``buffers`` hold addresses already)."""
+        args = self.pointers.copy()
+        for pos, kind, ref in self.slots:
+            args[pos] = inputs[ref] if kind == "in" else buffers[ref]
+        return args
+
+
+def _direct_launch(launcher, grid, function):
+    """The C launch of Triton 3.6's CUDA launcher with the arguments its Python wrapper
+    (``CudaLauncher.__call__``) would add, where that wrapper adds nothing else (no scratch
+    memory to allocate): ``direct(stream, packed, *args)``. None where the launcher is another
+    (other Triton versions, other backends): the replay then calls the launcher itself."""
+    import triton
+
+    if not triton.__version__.startswith("3.6.") or type(launcher).__name__ != "CudaLauncher":
+        return None
+    scratch = (getattr(launcher, "global_scratch_size", None),
+               getattr(launcher, "profile_scratch_size", None))  # fmt: skip
+    if scratch != (0, 0) or not hasattr(launcher, "launch"):
+        return None
+    launch, gx, gy, gz = launcher.launch, *grid
+    coop, pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+
+    def direct(stream, packed, *args):
+        launch(gx, gy, gz, stream, function, coop, pdl, None, None, packed, None, None, None,
+               *args)  # fmt: skip
+
+    return direct
 
 
 class Plan:
@@ -198,45 +236,59 @@ class Plan:
         self.workspace_bytes = size
         in_workspace = {i for i, _ in self.workspace}
         self.own = [(i, b) for i, b in enumerate(buffers) if i not in in_workspace]
+        # the inputs the launches read (a replay takes their addresses, nothing else of them)
+        self.reads = sorted({ref for L in launches for _, kind, ref in L.slots if kind == "in"})
 
     def run(self, inputs: dict):
         """Replay on ``inputs`` (role -> tensor, as ``Recorder(roles)``); returns the recorded
         run's outputs, freshly allocated."""
-        buffers: list = [None] * len(self.buffers)
+        made: list = [None] * len(self.buffers)
         for i, (shape, dtype, device, zero) in self.own:
-            buffers[i] = (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
+            made[i] = (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
         out = tuple(
-            None if src is None else buffers[src[1]] if src[0] == "buf" else
+            None if src is None else made[src[1]] if src[0] == "buf" else
             inputs[src[1]] if src[0] == "in" else src[1]
             for src in self.returns
         )  # fmt: skip
         if not self.compiled:  # the interpreter: Triton's normal launch
             for L in self.launches:
-                kwargs = dict(zip(L.names, L.args(inputs, buffers), strict=True))
+                kwargs = dict(zip(L.names, L.args(inputs, made), strict=True))
                 with launching():
                     L.lc.fn[L.grid](**kwargs, num_warps=L.lc.num_warps,
                                     num_stages=L.lc.num_stages)  # fmt: skip
             return out
+        # addresses, not tensors: see _Launch.pointers
+        buffers = [None if b is None else b.data_ptr() for b in made]
         if self.workspace:
             base = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=self.device)
-            ptr = base.data_ptr()
+            ptr = base.data_ptr()  # freed on return: later work on this stream runs after ours
             for i, offset in self.workspace:
                 buffers[i] = ptr + offset
-        _launch_compiled(self.launches, inputs, buffers, self.device)
+        addresses = {role: inputs[role].data_ptr() for role in self.reads}
+        _launch_compiled(self.launches, addresses, buffers, self.device)
         return out
 
 
 def _launch_compiled(launches, inputs, buffers, device) -> None:
-    from triton import knobs
-
+    knobs = _knobs()
     stream = torch._C._cuda_getCurrentRawStream(device.index)
     enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
     hooked = bool(enter.calls or leave.calls)  # a profiler: give it what Triton's run gives
     for L in launches:
-        args = L.args(inputs, buffers)
+        args = L.addresses(inputs, buffers)
+        if L.direct is not None and not hooked:
+            L.direct(stream, L.packed, *args)
+            continue
         meta = L.kernel.launch_metadata(L.grid, stream, *args) if hooked else None
         L.run(*L.grid, stream, L.function, L.packed, meta, enter if hooked else None,
               leave if hooked else None, *args)  # fmt: skip
+
+
+@functools.cache
+def _knobs():
+    from triton import knobs  # not at import: kreg's CPU paths load without Triton's runtime
+
+    return knobs
 
 
 def _numel(shape) -> int:
