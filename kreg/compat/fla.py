@@ -51,6 +51,8 @@ def _flag(name: str, value) -> bool:
 
 def _known_kwargs(function: str, kwargs: dict, known) -> None:
     """fla ignores unknown keywords silently, which would hide a misspelt ``A_log``."""
+    if not kwargs or kwargs.keys() <= set(known):
+        return
     unknown = sorted(set(kwargs) - set(known))
     if unknown:
         raise TypeError(f"{function}() got unexpected keyword argument(s) {', '.join(unknown)}")
