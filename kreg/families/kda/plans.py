@@ -245,11 +245,11 @@ class Plan:
         made: list = [None] * len(self.buffers)
         for i, (shape, dtype, device, zero) in self.own:
             made[i] = (torch.zeros if zero else torch.empty)(shape, dtype=dtype, device=device)
-        out = tuple(
+        out = tuple([
             None if src is None else made[src[1]] if src[0] == "buf" else
             inputs[src[1]] if src[0] == "in" else src[1]
             for src in self.returns
-        )  # fmt: skip
+        ])  # fmt: skip
         if not self.compiled:  # the interpreter: Triton's normal launch
             for L in self.launches:
                 kwargs = dict(zip(L.names, L.args(inputs, made), strict=True))
@@ -258,7 +258,9 @@ class Plan:
                                     num_stages=L.lc.num_stages)  # fmt: skip
             return out
         # addresses, not tensors: see _Launch.pointers
-        buffers = [None if b is None else b.data_ptr() for b in made]
+        buffers = made.copy()
+        for i, _ in self.own:
+            buffers[i] = made[i].data_ptr()
         if self.workspace:
             base = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=self.device)
             ptr = base.data_ptr()  # freed on return: later work on this stream runs after ours
