@@ -71,6 +71,32 @@ def test_a_change_misses(change):
     assert key(change(x)) != key(x)
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda a: torch.zeros(4),  # shape
+        lambda a: a.double(),  # dtype
+        lambda a: a.to("meta"),  # device
+        lambda a: torch.zeros(2, 2).t()[0],  # contiguity: a column, stride 2
+        lambda a: _misaligned(a),  # alignment
+    ],
+    ids=["shape", "dtype", "device", "contiguity", "alignment"],
+)
+def test_an_option_tensor_changed_misses(change):
+    """A tensor among the options (A_log here) is described as q is, not by its identity."""
+    x = make()
+    a_log = torch.zeros(2)
+    assert key(x, A_log=a_log) == key(x, A_log=torch.ones(2))  # values are not in the key
+    assert key(x, A_log=change(a_log)) != key(x, A_log=a_log)
+
+
+def test_options_are_keyed_by_name():
+    """The same values under other names miss: the key is one flat tuple, the options' names in
+    it beside their values."""
+    x = make()
+    assert key(x, scale=None) != key(x, gate_lower_bound=None)
+
+
 def test_grad_mode_and_selection_generation_are_in_the_key():
     x = make()
     with torch.no_grad():
