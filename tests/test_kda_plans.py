@@ -130,3 +130,40 @@ def test_an_unhashable_option_takes_the_normal_path(monkeypatch):
     monkeypatch.setattr(api, "interpreting", lambda: True)
     with pytest.raises(ValueError, match="^A_log: "):
         api.kda_prefill(**make(), gate_activation="softplus", A_log=[0.0])
+
+
+def _launcher(**overrides):
+    """Triton's CUDA launcher without its compiled module: its C entry records its arguments."""
+    pytest.importorskip("triton.backends.nvidia.driver")
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    launcher = object.__new__(CudaLauncher)
+    seen = []
+    fields = dict(launch=lambda *a: seen.append(a), global_scratch_size=0, global_scratch_align=1,
+                  profile_scratch_size=0, profile_scratch_align=1, num_ctas=1,
+                  launch_cooperative_grid=False, launch_pdl=True)  # fmt: skip
+    for name, value in {**fields, **overrides}.items():
+        setattr(launcher, name, value)
+    return launcher, seen
+
+
+def test_the_direct_launch_passes_what_tritons_launcher_passes():
+    """A replay calls the launcher's C entry itself (``plans._direct_launch``): with the
+    arguments Triton's own wrapper gives it, checked here against that wrapper on Triton 3.6,
+    and not at all where the wrapper would do more (scratch memory) or is another version."""
+    import triton
+
+    from kreg.families.kda import plans
+
+    launcher, seen = _launcher()
+    direct = plans._direct_launch(launcher, (5, 6, 7), function=1234)
+    if not triton.__version__.startswith("3.6."):
+        assert direct is None
+        return
+    args = (0xA000, None, 3, 0.5)
+    launcher(5, 6, 7, 42, 1234, "packed", None, None, None, *args)  # Triton's way
+    direct(42, "packed", *args)
+    assert len(seen) == 2 and seen[0] == seen[1]
+    scratch, _ = _launcher(global_scratch_size=128)
+    assert plans._direct_launch(scratch, (1, 1, 1), function=0) is None
+    assert plans._direct_launch(object(), (1, 1, 1), function=0) is None
