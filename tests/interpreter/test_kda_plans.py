@@ -141,3 +141,62 @@ def test_a_decode_step_as_engines_call_it_is_one_planned_launch(fresh, monkeypat
     for _ in range(3):  # as pools[1]: two calls and the replay, int64 slots and offsets
         fused_recurrent_kda(**x, initial_state=pools[0], **{**kw, **as64})
     assert_bitwise_equal((pools[1],), (pools[0],))
+
+
+def test_a_compiled_replay_launches_the_interpreted_replays_arguments_as_addresses(fresh):
+    """On a GPU a replay passes every tensor as its address (``_Launch.pointers``, the
+    buffers' and inputs' ``data_ptr``) to the launcher's C entry. Replayed here as a compiled
+    plan does, with the C entry recording what it gets: each argument is the interpreted
+    replay's, a tensor as its address; the intermediates share one workspace at aligned,
+    disjoint offsets."""
+    import types
+
+    T = 40
+    x = inputs(T)
+    kw = dict(GATE, cu_seqlens=torch.tensor([0, 7, T]), output_final_state=True)
+    for _ in range(2):
+        chunk_kda(**x, **kw)
+    (plan,) = api._plans.values()
+    interpreted = []
+    for L in plan.launches:  # the interpreted replay's arguments, launch by launch
+        L.lc = types.SimpleNamespace(
+            fn={L.grid: lambda _L=L, **a: interpreted.append([a[n] for n in _L.names])},
+            num_warps=4, num_stages=1)  # fmt: skip
+    chunk_kda(**x, **kw)
+    compiled = []
+    for L in plan.launches:  # as a CompiledKernel's launch (plans._Launch.__init__)
+        L.run, L.function, L.packed = object(), 0, None
+        L.pointers = [t.data_ptr() if isinstance(t, torch.Tensor) else t for t in L.template]
+        L.direct = lambda stream, packed, *args: compiled.append(list(args))
+    device = plan.device
+    returned = {s[1] for s in plan.returns if s is not None and s[0] == "buf"}
+    plans.Plan.__init__(plan, plan.buffers, plan.launches, plan.returns, returned,
+                        types.SimpleNamespace(type="cuda", index=0))  # fmt: skip
+    plan.device = device
+    real = torch._C.__dict__.get("_cuda_getCurrentRawStream")
+    torch._C._cuda_getCurrentRawStream = lambda index: 0
+    try:
+        chunk_kda(**x, **kw)
+    finally:
+        if real is None:
+            del torch._C._cuda_getCurrentRawStream
+        else:
+            torch._C._cuda_getCurrentRawStream = real
+    assert len(compiled) == len(interpreted) == len(plan.launches)
+    inputs_by_address = {t.data_ptr() for t in (*x.values(), kw["A_log"], kw["dt_bias"],
+                                                 kw["cu_seqlens"])}  # fmt: skip
+    spans = set()
+    for L, ints, tensors in zip(plan.launches, compiled, interpreted, strict=True):
+        for pos, (a, t) in enumerate(zip(ints, tensors, strict=True)):
+            if not isinstance(t, torch.Tensor):
+                assert a == t, (L.names[pos], a, t)
+                continue
+            assert isinstance(a, int) and a % 16 == 0, L.names[pos]
+            slot = next((s for s in L.slots if s[0] == pos), None)
+            if slot is not None and slot[1] == "in":
+                assert a in inputs_by_address and a == t.data_ptr(), L.names[pos]
+            elif slot is not None and plan.buffers[slot[2]] is not None:
+                shape, dtype, _, _ = plan.buffers[slot[2]]
+                spans.add((a, a + dtype.itemsize * max(1, int(torch.Size(shape).numel()))))
+    ordered = sorted(spans)
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(ordered, ordered[1:], strict=False))
