@@ -65,9 +65,10 @@ CASES = [
 def as_gpu_replay(plan) -> None:
     """Make an interpreted plan replay as a compiled one does, its CUDA calls stubbed."""
     for L in plan.launches:
-        L.run, L.function, L.packed = object(), 0, (4, 1, 0)
-        L.pointers = [x.data_ptr() if isinstance(x, torch.Tensor) else x for x in L.template]
-        L.direct = lambda stream, packed, *args: None
+        L.run, L.function, L.packed = (lambda *args: None), 0, (4, 1, 0)
+        if hasattr(type(L), "direct"):  # kreg since fc9ef15 (a baseline before it: L.run)
+            L.pointers = [x.data_ptr() if isinstance(x, torch.Tensor) else x for x in L.template]
+            L.direct = lambda stream, packed, *args: None
     device = plan.device
     returned = {src[1] for src in plan.returns if src is not None and src[0] == "buf"}
     plans.Plan.__init__(plan, plan.buffers, plan.launches, plan.returns, returned,

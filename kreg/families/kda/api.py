@@ -280,8 +280,8 @@ def plan_key(q, k, v, g, beta, options: dict, extra: tuple):
         and _readable_slots(indices, options.get("initial_state_indices_cpu")) is not None
     ):
         return None  # validated on the host every call
-    if q.is_cuda:
-        key.append(torch.cuda.current_device())
+    if q.is_cuda:  # CUDA is initialised (q is on it): torch.cuda.current_device() less its checks
+        key.append(torch._C._cuda_getDevice())
     return tuple(key)
 
 
