@@ -32,6 +32,10 @@
 #       docs/gdn/scan_specs.jsonl; KDA's not yet)
 #   OUT=... bash scripts/device_next.sh host
 #     - benchmarks/kda_host_time.py (issue 23's 30 us goal): $OUT/host_time.json
+#   OUT=... bash scripts/device_next.sh check BASE [CASE...]
+#     - the masked-tile and host-path GPU tests ($OUT/tests.log, $OUT/hostpath_tests.log),
+#       then hostab BASE (below); BASE from `mkdir -p scratch/base && git archive c5c49ae kreg |
+#       tar -x -C scratch/base` (the commit before the replay-address change), carry scratch
 #   OUT=... bash scripts/device_next.sh hostab BASE [CASE...]
 #     - host time of kreg alone on this tree and on BASE's kreg package (as for ab), then
 #       the tree's profile with the stages of a planned call: $OUT/{tree,base}/host_time.json,
@@ -47,7 +51,7 @@
 #     --supersede --out docs/kda/grid` and `... validate docs/kda/grid_sweep.json --bench
 #     docs/kda/grid/results.json`.
 set -uo pipefail
-step="${1:?usage: device_next.sh gates [CASE...] | heads | gdn | kernels SCENARIO [CASE...] | ab SCENARIO BASE [CASE...] | scans SCENARIO [CASE...] | host | hostab BASE [CASE...] | sweep | grid CASE...}"
+step="${1:?usage: device_next.sh gates [CASE...] | heads | gdn | kernels SCENARIO [CASE...] | ab SCENARIO BASE [CASE...] | scans SCENARIO [CASE...] | host | check BASE | hostab BASE [CASE...] | sweep | grid CASE...}"
 shift
 source "$(dirname "$0")/gpu_env.sh"
 case "$step" in
@@ -104,6 +108,15 @@ host)
   timeout "${HOST_TIMEOUT:-500}" python3 benchmarks/kda_host_time.py --out "$OUT" \
     >"$OUT/host.log" 2>&1
   ;;
+check)
+  # the first call of a session after kernel or host-path work no GPU has run: the masked-tile
+  # and host-path GPU tests, then hostab against BASE
+  timeout "${TESTS_TIMEOUT:-170}" python3 -m pytest -m gpu -q -rf -n 8 -p no:cacheprovider \
+    tests/test_kda_gpu.py -k "masked or padded_head_dims" >"$OUT/tests.log" 2>&1
+  timeout "${HOSTPATH_TIMEOUT:-120}" python3 -m pytest -m gpu -q -rf -p no:cacheprovider \
+    tests/test_kda_hostpath_gpu.py >"$OUT/hostpath_tests.log" 2>&1
+  bash "$0" hostab "$@"
+  ;;
 hostab)
   base="${1:?device_next.sh hostab: name the folder holding the baseline kreg package}"
   shift
@@ -133,7 +146,7 @@ grid)
     >"$OUT/grid.log" 2>&1
   ;;
 *)
-  echo "device_next.sh: unknown step $step (gates | gdn | kernels | ab | scans | host | hostab | sweep | grid)" >&2
+  echo "device_next.sh: unknown step $step (gates | gdn | kernels | ab | scans | host | check | hostab | sweep | grid)" >&2
   exit 2
   ;;
 esac
