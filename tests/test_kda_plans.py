@@ -90,6 +90,22 @@ def test_an_option_tensor_changed_misses(change):
     assert key(x, A_log=change(a_log)) != key(x, A_log=a_log)
 
 
+@pytest.mark.parametrize(
+    "given, planned",
+    [
+        (dict(output_final_state=1), dict(output_final_state=True)),
+        (dict(use_qk_l2norm=0), dict(use_qk_l2norm=False)),
+        (dict(scale=1), dict(scale=1.0)),
+    ],
+    ids=["flag_as_int", "false_as_zero", "int_scale"],
+)
+def test_a_number_of_another_type_misses(given, planned):
+    """True == 1 == 1.0 in Python: the key holds each option's type beside its value, so a flag
+    given as 1 (which validation refuses) cannot replay a plan made for True."""
+    x = make()
+    assert key(x, **given) != key(x, **planned)
+
+
 def test_options_are_keyed_by_name():
     """The same values under other names miss: the key is one flat tuple, the options' names in
     it beside their values."""

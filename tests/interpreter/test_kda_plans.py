@@ -99,6 +99,8 @@ def test_a_call_differing_in_anything_validated_misses(fresh):
         api.kda_prefill(**{**x, "g": x["g"][..., :16]})
     with pytest.raises(ValueError, match="^scale: "):
         api.kda_prefill(**x, scale=float("nan"))
+    with pytest.raises(ValueError, match="^use_qk_l2norm: must be a bool"):
+        api.kda_prefill(**x, use_qk_l2norm=0)  # == False, the planned call's value
     with torch.no_grad():  # grad off: a tensor requiring grad is served (another key)
         api.kda_prefill(**bad)
 

@@ -253,7 +253,9 @@ def plan_key(q, k, v, g, beta, options: dict, extra: tuple):
     (Triton specialises pointers on it), and with grad on whether it requires grad (validation
     refuses it then, and only then). One flat tuple: the key is made on every call."""
     grad = torch.is_grad_enabled()
-    key = [*extra, grad, selector.generation(), *options]  # the options' names, in order
+    # the options' names in order; every number with its type: True == 1 == 1.0, and a flag
+    # given as 1 must miss a plan made for True (validation refuses it; a replay would not)
+    key = [*extra, *map(type, extra), grad, selector.generation(), *options]
     for x in (q, k, v, g, beta):
         if not isinstance(x, torch.Tensor):
             return None
@@ -261,8 +263,9 @@ def plan_key(q, k, v, g, beta, options: dict, extra: tuple):
         if grad:
             key.append(x.requires_grad)
     for name, x in options.items():
-        if type(x) in _PLAIN or not isinstance(x, torch.Tensor):
-            key.append(x)
+        kind = type(x)
+        if kind in _PLAIN or not isinstance(x, torch.Tensor):
+            key += (kind, x)
             continue
         if name not in _PLAN_TENSORS:
             return None  # a 0-d scale tensor: its value is read
