@@ -307,6 +307,16 @@ REJECTIONS = [
                                        cu_seqlens_cpu=torch.tensor([0, 1, 8]), max_seqlen=4),
      "max_seqlen", "(7 tokens)"),
     ("max_seqlen_fixed", opts(max_seqlen=4), "max_seqlen", "pass None or 8, got 4"),
+    # a sparse tensor anywhere a tensor goes: named, not a RuntimeError from its data pointer
+    ("q_sparse", edit(q=lambda x: x.to_sparse()), "q", "dense (strided)"),
+    ("beta_sparse", edit(beta=lambda x: x.to_sparse()), "beta", "dense (strided)"),
+    ("A_log_sparse", opts(gate_activation="softplus", A_log=torch.zeros(2).to_sparse()), "A_log",
+     "dense (strided)"),
+    ("h0_sparse", opts(initial_state=H0.to_sparse()), "initial_state", "dense (strided)"),
+    ("cu_sparse", opts(cu_seqlens=CU.to_sparse()), "cu_seqlens", "dense (strided)"),
+    ("slots_sparse", opts(initial_state=torch.zeros(4, 2, 32, 32), cu_seqlens=CU,
+                          initial_state_indices=torch.tensor([0, 1]).to_sparse()),
+     "initial_state_indices", "dense (strided)"),
 ]  # fmt: skip
 
 

@@ -141,6 +141,12 @@ def test_a_non_tensor_input_is_not_planned():
     assert key({**make(), "q": [[0.0]]}) is None
 
 
+def test_a_tensor_without_a_data_pointer_is_not_planned():
+    """A sparse tensor has no data_ptr: no key (validation then names it), not a RuntimeError."""
+    assert key({**make(), "v": make()["v"].to_sparse()}) is None
+    assert key(make(), A_log=torch.zeros(2).to_sparse()) is None
+
+
 def test_an_unhashable_option_takes_the_normal_path(monkeypatch):
     """A list where a tensor goes makes the key unhashable: the normal path names the argument."""
     monkeypatch.setattr(api, "interpreting", lambda: True)

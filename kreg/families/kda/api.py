@@ -252,40 +252,46 @@ def plan_key(q, k, v, g, beta, options: dict, extra: tuple):
     integers and grids. Of a tensor: shape, dtype, device, contiguity, 16-byte alignment
     (Triton specialises pointers on it), and with grad on whether it requires grad (validation
     refuses it then, and only then). One flat tuple: the key is made on every call."""
-    grad = torch.is_grad_enabled()
-    # the options' names in order; every number with its type: True == 1 == 1.0, and a flag
-    # given as 1 must miss a plan made for True (validation refuses it; a replay would not)
-    key = [*extra, *map(type, extra), grad, selector.generation(), *options]
-    for x in (q, k, v, g, beta):
-        if not isinstance(x, torch.Tensor):
-            return None
-        key += (x.shape, x.dtype, x.device, x.is_contiguous(), x.data_ptr() & 15)
-        if grad:
-            key.append(x.requires_grad)
-    for name, x in options.items():
-        kind = type(x)
-        if kind in _PLAIN or not isinstance(x, torch.Tensor):
-            key += (kind, x)
-            continue
-        if name not in _PLAN_TENSORS:
-            return None  # a 0-d scale tensor: its value is read
-        key += (_TENSOR, x.shape, x.dtype, x.device, x.is_contiguous(), x.data_ptr() & 15)
-        if grad:
-            key.append(x.requires_grad)
-    cu, indices = options.get("cu_seqlens"), options.get("initial_state_indices")
-    if (
-        isinstance(cu, torch.Tensor)
-        and _readable_offsets(cu, options.get("cu_seqlens_cpu")) is not None
-    ):
-        return None  # validated on the host every call; the longest sequence read from it
-    if (
-        isinstance(indices, torch.Tensor)
-        and _readable_slots(indices, options.get("initial_state_indices_cpu")) is not None
-    ):
-        return None  # validated on the host every call
-    if q.is_cuda:  # CUDA is initialised (q is on it): torch.cuda.current_device() less its checks
-        key.append(torch._C._cuda_getDevice())
-    return tuple(key)
+    try:  # a tensor without strided storage (sparse, nested) has no data_ptr: the normal path
+        # names it
+        grad = torch.is_grad_enabled()
+        # the options' names in order; every number with its type: True == 1 == 1.0, and a flag
+        # given as 1 must miss a plan made for True (validation refuses it; a replay would not)
+        key = [*extra, *map(type, extra), grad, selector.generation(), *options]
+        for x in (q, k, v, g, beta):
+            if not isinstance(x, torch.Tensor):
+                return None
+            key += (x.shape, x.dtype, x.device, x.is_contiguous(), x.data_ptr() & 15)
+            if grad:
+                key.append(x.requires_grad)
+        for name, x in options.items():
+            kind = type(x)
+            if kind in _PLAIN or not isinstance(x, torch.Tensor):
+                key += (kind, x)
+                continue
+            if name not in _PLAN_TENSORS:
+                return None  # a 0-d scale tensor: its value is read
+            key += (_TENSOR, x.shape, x.dtype, x.device, x.is_contiguous(), x.data_ptr() & 15)
+            if grad:
+                key.append(x.requires_grad)
+        cu, indices = options.get("cu_seqlens"), options.get("initial_state_indices")
+        if (
+            isinstance(cu, torch.Tensor)
+            and _readable_offsets(cu, options.get("cu_seqlens_cpu")) is not None
+        ):
+            return None  # validated on the host every call; the longest sequence read from it
+        if (
+            isinstance(indices, torch.Tensor)
+            and _readable_slots(indices, options.get("initial_state_indices_cpu")) is not None
+        ):
+            return None  # validated on the host every call
+        if (
+            q.is_cuda
+        ):  # CUDA is initialised (q is on it): torch.cuda.current_device() less its checks
+            key.append(torch._C._cuda_getDevice())
+        return tuple(key)
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def _plan_inputs(q, k, v, g, beta, options: dict) -> dict:
@@ -388,6 +394,7 @@ def _check_4d(name, x, dims):
     layout = f"[{', '.join(dims)}]"
     if not isinstance(x, torch.Tensor):
         _fail(name, f"expected a 4-d torch.Tensor {layout}, got {type(x).__name__}")
+    _check_strided(name, x)
     if x.dim() != 4:
         _fail(name, f"expected a 4-d torch.Tensor {layout}, got shape {tuple(x.shape)}")
     for dim, size in zip(dims, x.shape, strict=True):
@@ -396,9 +403,16 @@ def _check_4d(name, x, dims):
                         "dimension must be positive")  # fmt: skip
 
 
+def _check_strided(name, x) -> None:
+    """The kernels read memory through strides: a sparse or other layout has none to read."""
+    if x.layout is not torch.strided:
+        _fail(name, f"must be a dense (strided) tensor, got layout {x.layout}")
+
+
 def _check_tensor(name, x, shape, dtypes, device):
     if not isinstance(x, torch.Tensor):
         _fail(name, f"expected a torch.Tensor, got {type(x).__name__}")
+    _check_strided(name, x)
     if tuple(x.shape) != tuple(shape):
         _fail(name, f"expected shape {tuple(shape)}, got {tuple(x.shape)}")
     if x.dtype not in dtypes:
@@ -675,6 +689,7 @@ def _check_pool_indices(indices, indices_cpu, n_seqs, device) -> bool:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             _fail(name, f"expected a 1-d tensor [N] = ({n_seqs},), one slot per sequence, got "
                         f"{got}")  # fmt: skip
+        _check_strided(name, x)
         if x.dtype not in _OFFSET_DTYPES:
             _fail(name, f"dtype must be torch.int64 or torch.int32, got {x.dtype}")
     if indices.device != device:
@@ -835,6 +850,7 @@ def _gate_param(name, x, shape, also, also_text, device):
         return None
     if not isinstance(x, torch.Tensor):
         _fail(name, f"expected a torch.Tensor or None, got {type(x).__name__}")
+    _check_strided(name, x)
     got = tuple(x.shape)
     if got != shape and not also(got):
         _fail(name, f"expected shape {shape}{also_text}, got {got}")
@@ -854,6 +870,7 @@ def _check_cu_seqlens(cu_seqlens, cu_seqlens_cpu, B, device):
             continue
         if not isinstance(x, torch.Tensor) or x.dim() != 1 or x.numel() < 2:
             _fail(name, "expected a 1-d tensor [N + 1] with N >= 1")
+        _check_strided(name, x)
         if x.dtype not in _OFFSET_DTYPES:
             _fail(name, f"dtype must be torch.int64 or torch.int32, got {x.dtype}")
     if cu_seqlens_cpu is not None and cu_seqlens_cpu.device.type != "cpu":
