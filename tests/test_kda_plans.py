@@ -189,3 +189,33 @@ def test_the_direct_launch_passes_what_tritons_launcher_passes():
     scratch, _ = _launcher(global_scratch_size=128)
     assert plans._direct_launch(scratch, (1, 1, 1), function=0) is None
     assert plans._direct_launch(object(), (1, 1, 1), function=0) is None
+
+
+def test_a_recording_sees_only_its_own_threads_work():
+    """An engine driving two devices from two threads: while one thread records a plan, the
+    other's launches must not enter that plan, and its being inside a launch must not let the
+    recording thread's torch ops (a padded copy) pass unrecorded."""
+    import threading
+    import types
+
+    from kreg.families.kda import plans
+
+    lc = types.SimpleNamespace(fn=types.SimpleNamespace(fn=lambda x: None), constexprs={})
+    inside, checked = threading.Event(), threading.Event()
+
+    def other_thread():
+        with plans.launching():  # the other thread is inside a launch ...
+            inside.set()
+            checked.wait(10)
+        plans.note_launch(lc, (1,), (torch.zeros(1),), {}, kernel=None)  # ... and launches
+
+    with plans.Recorder({}, torch.device("cpu")) as recorder:
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        assert inside.wait(10)
+        assert not plans.in_launch()  # this thread is not
+        torch.zeros(2).clone()  # a torch op of the recorded run: it refuses the plan
+        checked.set()
+        worker.join(10)
+    assert recorder.launches == []
+    assert recorder.refused == "torch op clone"

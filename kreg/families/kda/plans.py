@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import threading
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -35,7 +36,16 @@ _METADATA = {"shape", "dtype", "device", "is_cuda", "requires_grad", "data_ptr",
              "ndim", "layout", "is_floating_point", "storage_offset"}  # fmt: skip
 _WORKSPACE_ALIGN = 256  # bytes: every intermediate's pointer keeps Triton's 16-byte alignment
 
-_recorder: Recorder | None = None
+
+class _PerThread(threading.local):
+    """What a recording watches is its own thread's work: a launch or a torch op of another
+    thread (an engine's other device) must neither enter its plan nor pass as in a launch."""
+
+    recorder: Recorder | None = None
+    launch_depth = 0
+
+
+_thread = _PerThread()
 _constants: dict = {}
 _constant_ids: set = set()
 
@@ -74,13 +84,11 @@ class Recorder(TorchFunctionMode):
         self.refused: str | None = None
 
     def __enter__(self):
-        global _recorder
-        _recorder = self
+        _thread.recorder = self
         return super().__enter__()
 
     def __exit__(self, *exc):
-        global _recorder
-        _recorder = None
+        _thread.recorder = None
         return super().__exit__(*exc)
 
     def refuse(self, why: str) -> None:
@@ -125,28 +133,24 @@ class Recorder(TorchFunctionMode):
         return Plan(self.buffers, self.launches, returns, returned, self.device)
 
 
-_launch_depth = 0
-
-
 @contextlib.contextmanager
 def launching():
     """Marks a kernel launch (Triton's JIT reads metadata, the interpreter copies tensors) or a
     constant's creation: torch work that is not the call's own, which the recorder lets pass."""
-    global _launch_depth
-    _launch_depth += 1
+    _thread.launch_depth += 1
     try:
         yield
     finally:
-        _launch_depth -= 1
+        _thread.launch_depth -= 1
 
 
 def in_launch() -> bool:
-    return _launch_depth > 0
+    return _thread.launch_depth > 0
 
 
 def note_launch(lc, grid, args, runtime, kernel) -> None:
     """``launch._launch`` reports each launch here; recorded while a plan is being made."""
-    rec = _recorder
+    rec = _thread.recorder
     if rec is None:
         return
     bound = inspect.signature(lc.fn.fn).bind(*args, **runtime, **lc.constexprs)
