@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 import types
 
 os.environ["TRITON_INTERPRET"] = "1"  # before kreg's kernels are imported
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from kda_host_time import host_us  # noqa: E402  (benchmarks/, the script's folder)
 
 from kreg.compat import fla  # noqa: E402
 from kreg.families.kda import api, plans  # noqa: E402
@@ -76,18 +75,6 @@ def as_gpu_replay(plan) -> None:
     plan.device = device
 
 
-def per_call_us(fn, calls: int, reps: int) -> float:
-    for _ in range(50):
-        fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(times)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2000)
@@ -118,7 +105,7 @@ def main():
                 prof.runcall(lambda call=call: [call() for _ in range(args.calls)])
                 pstats.Stats(prof).sort_stats("tottime").print_stats(25)
                 continue
-            us = per_call_us(call, args.calls, args.reps)
+            us = host_us(call, args.calls, args.reps, warmup=50)
             print(f"{name:<20} {us:6.1f} us per call ({len(recorded[0].launches)} launches)")
 
 

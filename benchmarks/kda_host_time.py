@@ -128,18 +128,20 @@ def make(H, lengths, seed=0, family="kda", pool=False):
     return x, kw
 
 
-def host_us(fn, calls, reps):
-    """Median over ``reps`` of the host microseconds per call of ``calls`` back-to-back calls."""
-    for _ in range(3):
+def host_us(fn, calls, reps, warmup=3):
+    """Median over ``reps`` of the host microseconds per call of ``calls`` back-to-back calls
+    (the GPU synchronised between loops where there is one)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
+    for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    sync()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
         for _ in range(calls):
             fn()
         times.append((time.perf_counter() - start) / calls * 1e6)
-        torch.cuda.synchronize()
+        sync()
     return statistics.median(times)
 
 

@@ -167,7 +167,7 @@ def note_launch(lc, grid, args, runtime, kernel) -> None:
 
 class _Launch:
     __slots__ = ("lc", "grid", "names", "template", "slots", "kernel", "run", "function",
-                 "packed", "direct", "pointers", "keep")  # fmt: skip
+                 "packed", "direct", "pointers")  # fmt: skip
 
     def __init__(self, lc, grid, names, template, slots, kernel):
         self.lc, self.grid, self.names = lc, grid, names
@@ -178,22 +178,16 @@ class _Launch:
             self.run = kernel.run  # loads the module on first use
             self.function, self.packed = kernel.function, kernel.packed_metadata
             self.direct = _direct_launch(self.run, grid, function=self.function)
-            # the literal tensors (cached constants) as addresses: Triton's launcher asks the
-            # driver about every tensor argument (cuPointerGetAttribute) but not about an int
-            self.keep = [x for x in template if isinstance(x, torch.Tensor)]
+            # the literal tensors (cached constants, held by the template) as addresses: Triton's
+            # launcher asks the driver about every tensor argument (cuPointerGetAttribute), not
+            # about an int
             self.pointers = [x.data_ptr() if isinstance(x, torch.Tensor) else x
                              for x in template]  # fmt: skip
 
-    def args(self, inputs, buffers) -> list:
-        args = self.template.copy()
-        for pos, kind, ref in self.slots:
-            args[pos] = inputs[ref] if kind == "in" else buffers[ref]
-        return args
-
-    def addresses(self, inputs, buffers) -> list:
-        """The compiled launch's arguments, every tensor as its address (``inputs`` and
-        ``buffers`` hold addresses already)."""
-        args = self.pointers.copy()
+    def args(self, inputs, buffers, addresses: bool = False) -> list:
+        """The launch's arguments; with ``addresses`` a compiled launch's, every tensor as its
+        address (``inputs`` and ``buffers`` then hold addresses already)."""
+        args = (self.pointers if addresses else self.template).copy()
         for pos, kind, ref in self.slots:
             args[pos] = inputs[ref] if kind == "in" else buffers[ref]
         return args
@@ -281,7 +275,7 @@ def _launch_compiled(launches, inputs, buffers, device) -> None:
     enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
     hooked = bool(enter.calls or leave.calls)  # a profiler: give it what Triton's run gives
     for L in launches:
-        args = L.addresses(inputs, buffers)
+        args = L.args(inputs, buffers, addresses=True)
         if L.direct is not None and not hooked:
             L.direct(stream, L.packed, *args)
             continue
